@@ -1,0 +1,194 @@
+"""Kernel contracts and dispatch.
+
+An :class:`OpDef` declares one op: its torch.library schema, a plain-torch reference
+implementation (the specification), a fake (meta) implementation, an input generator,
+conformance cases and a tolerance per dtype. Platforms add implementations to a
+:class:`KernelRegistry`; calling the op dispatches to the best implementation whose
+``supports(*args)`` accepts the arguments, else to the reference.
+
+``supports`` contract: it returns ``True`` when the implementation handles these arguments,
+otherwise ``False`` or a short string saying why not. It may look at dtypes, devices, the
+sizes of every dimension but the first (the token/batch dimension), and non-float scalar
+arguments; the choice is cached on exactly those, so it must not depend on anything else.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+_LIB = torch.library.Library("engine", "DEF")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conformance input configuration: shape parameters handed to the op's input generator."""
+
+    name: str
+    params: dict = field(default_factory=dict)
+    dtypes: tuple | None = None  # restricts the op's dtypes for this case
+
+
+@dataclass
+class OpDef:
+    """One op, declared once. See the module docstring for the contract."""
+
+    name: str
+    schema: str
+    reference: Callable
+    fake: Callable
+    make_inputs: Callable  # (params: dict, dtype, device, generator) -> tuple of call arguments
+    cases: Sequence[Case]
+    tolerances: dict  # dtype -> Tolerance
+    mutates: tuple[int, ...] = ()  # indices of arguments written in place; these are the outputs compared
+    doc: str = ""
+
+    def __post_init__(self):
+        _LIB.define(self.name + self.schema)
+        _LIB.impl(self.name, self._dispatch, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"engine::{self.name}", self.fake, lib=_LIB)
+        self.reference_impl = Impl(self.name, "reference", self.reference, platform="core", priority=-(10**9))
+        OPS[self.name] = self
+
+    @property
+    def dtypes(self) -> tuple:
+        return tuple(self.tolerances)
+
+    @property
+    def torch_op(self):
+        """The registered torch custom op (``torch.ops.engine.<name>``), traceable by torch.compile."""
+        return getattr(torch.ops.engine, self.name)
+
+    def _dispatch(self, *args):
+        return active_registry().select(self, args).fn(*args)
+
+    def __call__(self, *args):
+        # Eager hot path: skip the torch.library layer and call the chosen implementation directly.
+        return active_registry().select(self, args).fn(*args)
+
+
+@dataclass
+class Impl:
+    op: str
+    name: str
+    fn: Callable
+    platform: str
+    priority: int = 0
+    supports: Callable | None = None
+    note: str = ""
+
+    def verdict(self, args) -> str | None:
+        """None when this implementation accepts ``args``, else the reason it does not."""
+        if self.supports is None:
+            return None
+        try:
+            ok = self.supports(*args)
+        except Exception as exc:
+            return f"supports() raised {type(exc).__name__}: {exc}"
+        if ok is True:
+            return None
+        return ok if isinstance(ok, str) and ok else "supports() returned False"
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.platform}.{self.name}"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    op: str
+    name: str
+    platform: str
+    reason: str
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def _key_part(a):
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.device.type, tuple(a.shape[1:]), a.dim())
+    if isinstance(a, (str, bool, int, torch.dtype)) or a is None:
+        return a
+    if isinstance(a, (list, tuple)):
+        return tuple(_key_part(x) for x in a)
+    return type(a)
+
+
+class KernelRegistry:
+    """Implementations registered by one platform (and its bases), and the cached choices."""
+
+    def __init__(self, platform: str = ""):
+        self.platform = platform
+        self._impls: dict[str, list[Impl]] = {}
+        self._skipped: list[Skipped] = []
+        self._cache: dict[tuple, Impl] = {}
+        self._lock = threading.Lock()
+
+    def register(self, op: OpDef | str, fn: Callable, *, name: str, supports: Callable | None = None,
+                 priority: int = 0, platform: str | None = None, note: str = "") -> Impl:
+        op_name = op if isinstance(op, str) else op.name
+        if op_name not in OPS:
+            raise KeyError(f"cannot register {name!r}: no op named {op_name!r}; known ops: {sorted(OPS)}")
+        impl = Impl(op_name, name, fn, platform or self.platform, priority, supports, note)
+        with self._lock:
+            lst = self._impls.setdefault(op_name, [])
+            if any(i.name == name for i in lst):
+                raise ValueError(f"{op_name}: an implementation named {name!r} is already registered")
+            lst.append(impl)
+            lst.sort(key=lambda i: -i.priority)
+            self._cache.clear()
+        return impl
+
+    def skip(self, op: OpDef | str, name: str, reason: str, platform: str | None = None) -> None:
+        """Record an implementation the platform could not offer here (library missing, capability)."""
+        op_name = op if isinstance(op, str) else op.name
+        self._skipped.append(Skipped(op_name, name, platform or self.platform, reason))
+
+    def implementations(self, op: OpDef | str) -> list[Impl]:
+        """Registered implementations, best first (the reference is not included)."""
+        return list(self._impls.get(op if isinstance(op, str) else op.name, ()))
+
+    def skipped(self, op: OpDef | str | None = None) -> list[Skipped]:
+        name = op if isinstance(op, str) or op is None else op.name
+        return [s for s in self._skipped if name is None or s.op == name]
+
+    def select(self, op: OpDef, args) -> Impl:
+        key = (op.name, tuple(_key_part(a) for a in args))
+        impl = self._cache.get(key)
+        if impl is None:
+            impl = next((i for i in self._impls.get(op.name, ()) if i.verdict(args) is None),
+                        op.reference_impl)
+            self._cache[key] = impl
+        return impl
+
+    def explain(self, op: OpDef, args) -> list[tuple[Impl, str | None]]:
+        """Every candidate (the reference last) with None if it would accept ``args``, else why not."""
+        return [(i, i.verdict(args)) for i in self.implementations(op)] + [(op.reference_impl, None)]
+
+
+_ACTIVE: KernelRegistry | None = None
+
+
+def set_active_registry(registry: KernelRegistry | None) -> None:
+    global _ACTIVE
+    _ACTIVE = registry
+
+
+def active_registry() -> KernelRegistry:
+    """The registry of the selected platform, selecting and initialising it on first use."""
+    if _ACTIVE is None:
+        from engine.core import plugins
+
+        plugins.activate()
+    assert _ACTIVE is not None
+    return _ACTIVE

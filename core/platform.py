@@ -1,0 +1,88 @@
+"""The Platform contract: what a hardware plugin implements.
+
+A plugin is a ``Platform`` subclass published under the entry-point group ``engine.platforms``.
+The core never names a device; everything device-specific is answered here.
+
+Contract:
+
+* ``name``, ``device_type`` (a torch device type string) and ``priority`` are class attributes.
+* ``probe()`` is a cheap classmethod: it must not import vendor libraries or compile anything.
+  It returns ``(available, reason)``; the reason is shown by ``engine doctor`` either way.
+* ``register_kernels(registry)`` is the one place heavy imports happen. It registers op
+  implementations into the given :class:`~engine.core.ops.registry.KernelRegistry`, and may
+  call ``registry.skip(...)`` to record an implementation it could not offer and why.
+* A platform may subclass another (riscv and ppc extend cpu) and call ``super().register_kernels``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+
+class Platform:
+    """Base class for platform plugins. Subclasses override the class attributes and ``probe``."""
+
+    name: ClassVar[str] = ""
+    device_type: ClassVar[str] = "cpu"
+    priority: ClassVar[int] = 0
+    description: ClassVar[str] = ""
+    # torch.distributed backend used for collectives on this platform.
+    dist_backend: ClassVar[str] = "gloo"
+
+    @classmethod
+    def probe(cls) -> tuple[bool, str]:
+        """Is this hardware usable here? Cheap: no vendor imports. Returns (available, reason)."""
+        raise NotImplementedError(f"platform {cls.name!r} does not implement probe()")
+
+    # ---- device facts -------------------------------------------------------------------------
+    def device(self, index: int = 0) -> torch.device:
+        return torch.device(self.device_type, index) if self.device_type != "cpu" else torch.device("cpu")
+
+    def device_count(self) -> int:
+        return 1
+
+    def device_name(self, index: int = 0) -> str:
+        return self.name
+
+    def memory_info(self, index: int = 0) -> tuple[int, int]:
+        """(free, total) bytes of memory usable for weights and KV cache on this device."""
+        raise NotImplementedError(f"platform {self.name!r} does not report memory")
+
+    def capability(self, index: int = 0) -> tuple[int, int] | None:
+        """Compute capability (major, minor) where the notion exists, else None."""
+        return None
+
+    def supported_dtypes(self) -> tuple[torch.dtype, ...]:
+        return (torch.float32, torch.bfloat16)
+
+    def fp8_dtype(self) -> torch.dtype:
+        """The e4m3 flavour the hardware computes in: float8_e4m3fn, or float8_e4m3fnuz on MI300."""
+        return torch.float8_e4m3fn
+
+    def synchronize(self, index: int = 0) -> None:
+        """Wait for all queued work on the device."""
+
+    def facts(self) -> dict[str, object]:
+        """Device facts for ``engine doctor``; never raises."""
+        out: dict[str, object] = {"device_type": self.device_type}
+        for key, fn in (("device_count", self.device_count), ("device_name", self.device_name),
+                        ("capability", self.capability), ("memory_info", self.memory_info)):
+            try:
+                out[key] = fn()
+            except NotImplementedError:
+                continue
+            except Exception as exc:  # a fact we cannot read is reported, not fatal
+                out[key] = f"error: {type(exc).__name__}: {exc}"
+        out["dtypes"] = [str(d).removeprefix("torch.") for d in self.supported_dtypes()]
+        out["fp8_dtype"] = str(self.fp8_dtype()).removeprefix("torch.")
+        out["dist_backend"] = self.dist_backend
+        return out
+
+    # ---- kernels ------------------------------------------------------------------------------
+    def register_kernels(self, registry) -> None:
+        """Register this platform's op implementations. The default registers none."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
