@@ -86,3 +86,24 @@ class Platform:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+class TorchAcceleratorPlatform(Platform):
+    """A platform whose device facts come from torch's device module for ``device_type``
+    (``torch.get_device_module``); GPU plugins subclass this and add probe and kernels."""
+
+    def _module(self):
+        return torch.get_device_module(self.device_type)
+
+    def device_count(self) -> int:
+        return self._module().device_count()
+
+    def device_name(self, index: int = 0) -> str:
+        return self._module().get_device_name(index)
+
+    def memory_info(self, index: int = 0) -> tuple[int, int]:
+        free, total = self._module().mem_get_info(index)
+        return int(free), int(total)
+
+    def synchronize(self, index: int = 0) -> None:
+        self._module().synchronize(index)

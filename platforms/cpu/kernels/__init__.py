@@ -1,7 +1,27 @@
-"""The cpu platform's op implementations (native C++ through pybind11)."""
+"""The cpu platform's op implementations (native C++ through pybind11).
+
+The native module ``engine.platforms.cpu._native`` takes raw addresses, sizes and strides; the
+modules here validate tensors (``supports``), allocate outputs and wrap the calls as op
+implementations. When the native module cannot be imported (not built, or ENGINE_CPU_ISA names an
+ISA this CPU lacks) every kernel is recorded as skipped with the reason, and the ops fall back to
+their references.
+"""
 
 from __future__ import annotations
+
+NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "rms_norm", "fused_add_rms_norm")
 
 
 def register(registry) -> None:
     """Register every native CPU kernel into ``registry``."""
+    try:
+        from engine.platforms.cpu import _native  # noqa: F401
+    except Exception as exc:  # recorded for `engine doctor`, never fatal
+        why = f"engine.platforms.cpu._native unavailable: {type(exc).__name__}: {exc}"
+        for op in NATIVE_OPS:
+            registry.skip(op, "native", why)
+        return
+    from . import gguf, norm
+
+    gguf.register(registry)
+    norm.register(registry)

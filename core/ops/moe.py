@@ -1,0 +1,121 @@
+"""Mixture-of-experts feed-forward: softmax top-k routing and SwiGLU experts, fused into one op."""
+
+from __future__ import annotations
+
+import torch
+
+from .inputs import randn, uniform
+from .registry import Case, OpDef, Tolerance
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-k routing.
+
+    router_logits: [T, E], any float dtype. The softmax runs in fp32 over the E experts; the top_k largest
+    probabilities are kept (which of two exactly equal logits wins is unspecified). With ``renormalize`` the
+    kept weights are divided by their sum so each token's weights sum to 1.
+    Returns (weights fp32 [T, top_k], expert ids int64 [T, top_k]), each row in descending weight order.
+    """
+    if router_logits.dim() != 2:
+        raise ValueError(f"router_logits must be [tokens, experts], got shape {tuple(router_logits.shape)}")
+    n_experts = router_logits.shape[1]
+    if not 1 <= top_k <= n_experts:
+        raise ValueError(f"top_k must be in [1, {n_experts}] (the number of experts), got {top_k}")
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int64)
+
+
+def _check(x, w13, w2, router_logits, top_k):
+    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError(f"fused_moe wants x [T, hidden], w13 [E, 2*I, hidden], w2 [E, hidden, I]; got "
+                         f"{tuple(x.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
+    n_tok, hidden = x.shape
+    n_exp, two_i, w13_hidden = w13.shape
+    if two_i % 2 or w13_hidden != hidden:
+        raise ValueError(f"w13 must be [E, 2*I, hidden={hidden}] (gate rows then up rows), got {tuple(w13.shape)}")
+    if tuple(w2.shape) != (n_exp, hidden, two_i // 2):
+        raise ValueError(f"w2 must be [E={n_exp}, hidden={hidden}, I={two_i // 2}], got {tuple(w2.shape)}")
+    if tuple(router_logits.shape) != (n_tok, n_exp):
+        raise ValueError(f"router_logits must be [T={n_tok}, E={n_exp}], got {tuple(router_logits.shape)}")
+    if not (x.dtype == w13.dtype == w2.dtype) or not x.dtype.is_floating_point:
+        raise TypeError(f"x, w13 and w2 must share one float dtype, got {x.dtype}, {w13.dtype}, {w2.dtype}")
+    if not router_logits.dtype.is_floating_point:
+        raise TypeError(f"router_logits must be a float tensor, got {router_logits.dtype}")
+    if not 1 <= top_k <= n_exp:
+        raise ValueError(f"top_k must be in [1, {n_exp}] (the number of experts), got {top_k}")
+
+
+def _fused_moe_ref(x, w13, w2, router_logits, top_k, renormalize):
+    _check(x, w13, w2, router_logits, top_k)
+    weights, ids = route(router_logits, top_k, renormalize)
+    inter = w13.shape[1] // 2
+    xf = x.float()
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    # Group the (token, slot) pairs by expert: one sort, then one GEMM pair per expert on its own tokens.
+    flat_ids = ids.reshape(-1)
+    order = torch.argsort(flat_ids, stable=True)
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    flat_w = weights.reshape(-1)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        pairs = order[start:start + n]
+        start += n
+        tokens = pairs // top_k
+        gate_up = xf[tokens] @ w13[e].float().t()
+        h = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        y = h @ w2[e].float().t()
+        out.index_add_(0, tokens, y * flat_w[pairs, None])
+    return out.to(x.dtype)
+
+
+def _fused_moe_fake(x, w13, w2, router_logits, top_k, renormalize):
+    return x.new_empty(x.shape)
+
+
+def distinct_logits(tokens: int, experts: int, dtype, device, gen: torch.Generator) -> torch.Tensor:
+    """Router logits whose values in each row are at least 0.25 apart (exact in bf16 too), so that the top-k
+    choice cannot depend on rounding or tie-breaking: a random permutation of 0, .25, .5, ... plus small noise."""
+    perm = torch.argsort(torch.rand((tokens, experts), generator=gen), dim=-1).float()
+    noise = torch.rand((tokens, experts), generator=gen) * 0.05
+    return (perm * 0.25 - experts * 0.125 + noise).to(dtype=dtype, device=device)
+
+
+def _fused_moe_inputs(p, dtype, device, gen):
+    t, h, i, e = p["tokens"], p["hidden"], p["inter"], p["experts"]
+    x = randn((t, h), dtype, device, gen)
+    # Scaled so gate/up and the output are O(1); per-expert magnitudes differ so a wrong expert id shows.
+    mag = uniform((e, 1, 1), 0.5, 2.0, torch.float32, "cpu", gen)
+    w13 = (randn((e, 2 * i, h), torch.float32, "cpu", gen, scale=h ** -0.5) * mag).to(dtype=dtype, device=device)
+    w2 = randn((e, h, i), dtype, device, gen, scale=i ** -0.5)
+    logits = distinct_logits(t, e, dtype, device, gen)
+    return x, w13, w2, logits, p["top_k"], p["renormalize"]
+
+
+fused_moe = OpDef(
+    name="fused_moe",
+    schema="(Tensor x, Tensor w13, Tensor w2, Tensor router_logits, int top_k, bool renormalize) -> Tensor",
+    reference=_fused_moe_ref,
+    fake=_fused_moe_fake,
+    make_inputs=_fused_moe_inputs,
+    cases=[
+        Case("mixtral_tiny", {"tokens": 6, "hidden": 64, "inter": 96, "experts": 8, "top_k": 2, "renormalize": True}),
+        Case("e16_top4", {"tokens": 9, "hidden": 48, "inter": 32, "experts": 16, "top_k": 4, "renormalize": False}),
+        Case("one_token", {"tokens": 1, "hidden": 64, "inter": 64, "experts": 8, "top_k": 2, "renormalize": True}),
+        Case("top1_many", {"tokens": 40, "hidden": 32, "inter": 40, "experts": 4, "top_k": 1, "renormalize": False}),
+        Case("e16_top4_renorm", {"tokens": 17, "hidden": 80, "inter": 56, "experts": 16, "top_k": 4,
+                                 "renormalize": True}),
+    ],
+    tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(2e-2, 2e-2)},
+    doc=(
+        "x [T, hidden]; w13 [E, 2*I, hidden] (rows 0..I-1 gate, I..2I-1 up); w2 [E, hidden, I]; "
+        "router_logits [T, E]; (weights, ids) = route(router_logits, top_k, renormalize) (fp32 softmax, top-k, "
+        "optionally renormalised to sum 1); expert_e(x) = w2[e] @ (silu(w13[e, :I] @ x) * (w13[e, I:] @ x)); "
+        "out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]). fp32 math, returned in x.dtype. "
+        "x, w13, w2 share one dtype; router_logits may be any float dtype."
+    ),
+)

@@ -1,0 +1,46 @@
+// Scalar fp16 / bf16 conversions, bit-exact with torch (bf16: round to nearest even, NaN -> 0x7FC0).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace engine_cpu {
+
+enum class DType : int { F32 = 0, BF16 = 1 };
+
+inline float bits_to_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint32_t f32_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+inline float fp16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0x1f) return bits_to_f32(sign | 0x7f800000u | (mant << 13));
+  if (exp != 0) return bits_to_f32(sign | ((exp + 112) << 23) | (mant << 13));
+  const float sub = static_cast<float>(mant) * 5.9604644775390625e-8f;  // mant * 2^-24, exact
+  return sign ? -sub : sub;
+}
+
+inline uint16_t load_fp16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return h;
+}
+
+inline float bf16_to_f32(uint16_t b) { return bits_to_f32(static_cast<uint32_t>(b) << 16); }
+
+inline uint16_t f32_to_bf16(float f) {
+  const uint32_t u = f32_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+}  // namespace engine_cpu

@@ -1,0 +1,36 @@
+// GGUF Q4_0 / Q4_1 / Q8_0 rows -> fp32 or bf16 rows. Values are computed in fp32 exactly as the
+// format defines them (Q4_1: one multiply then one add, never fused), then rounded to the output.
+#pragma once
+
+#include <cstdint>
+
+#include "convert.h"
+#include "isa.h"
+
+namespace engine_cpu {
+
+enum GgufType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
+
+struct DequantArgs {
+  int qtype;
+  const uint8_t* src;
+  int64_t src_stride;  // bytes between rows
+  int64_t rows;
+  int64_t cols;        // multiple of 32
+  void* dst;
+  int64_t dst_stride;  // elements between rows
+  DType dtype;
+};
+
+// Bytes per 32-element block, or 0 for an unsupported qtype.
+int gguf_block_bytes(int qtype);
+// Validates and dispatches to the current ISA; throws std::invalid_argument on bad arguments.
+void gguf_dequant(const DequantArgs& a);
+
+void gguf_dequant_scalar(const DequantArgs& a);
+#ifdef ENGINE_X86
+void gguf_dequant_avx2(const DequantArgs& a);
+void gguf_dequant_avx512(const DequantArgs& a);
+#endif
+
+}  // namespace engine_cpu

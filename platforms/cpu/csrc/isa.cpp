@@ -1,0 +1,73 @@
+#include "isa.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace engine_cpu {
+namespace {
+std::atomic<int> g_isa{static_cast<int>(Isa::Scalar)};
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return "avx512";
+    case Isa::Avx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+bool cpu_supports(Isa isa) {
+  if (isa == Isa::Scalar) return true;
+#ifdef ENGINE_X86
+  __builtin_cpu_init();
+  // __builtin_cpu_supports also checks that the OS saves the YMM/ZMM state (XGETBV).
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  if (isa == Isa::Avx2) return avx2;
+  if (isa == Isa::Avx512)
+    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+  return false;
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::Scalar})
+    if (cpu_supports(isa)) out.push_back(isa);
+  return out;
+}
+
+Isa current_isa() { return static_cast<Isa>(g_isa.load(std::memory_order_relaxed)); }
+
+void set_isa(const std::string& name) {
+  Isa isa;
+  if (name == "avx512") isa = Isa::Avx512;
+  else if (name == "avx2") isa = Isa::Avx2;
+  else if (name == "scalar") isa = Isa::Scalar;
+  else
+    throw std::invalid_argument("unknown CPU ISA '" + name + "'; expected one of: avx512, avx2, scalar");
+  if (!cpu_supports(isa)) {
+    std::string have;
+    for (Isa s : supported_isas()) have += std::string(have.empty() ? "" : ", ") + isa_name(s);
+    throw std::runtime_error("CPU ISA '" + name + "' was requested but this CPU (or this build) cannot run it; "
+                             "supported here: " + have);
+  }
+  g_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+void init_isa_from_env() {
+  const char* env = std::getenv("ENGINE_CPU_ISA");
+  if (env != nullptr && *env != '\0') {
+    try {
+      set_isa(env);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("ENGINE_CPU_ISA: ") + e.what());
+    }
+    return;
+  }
+  g_isa.store(static_cast<int>(supported_isas().front()), std::memory_order_relaxed);
+}
+
+}  // namespace engine_cpu

@@ -1,0 +1,28 @@
+// Runtime ISA selection for the CPU kernels: one binary carries every variant it could compile,
+// and each kernel entry point switches on current_isa().
+#pragma once
+
+#include <string>
+#include <vector>
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define ENGINE_X86 1
+#endif
+
+namespace engine_cpu {
+
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+
+const char* isa_name(Isa isa);
+// ISA variants compiled into this binary that the running CPU (and OS) can execute, best first.
+std::vector<Isa> supported_isas();
+bool cpu_supports(Isa isa);
+// The variant the kernels use now. Initially ENGINE_CPU_ISA if set, else the best supported.
+Isa current_isa();
+// Select a variant by name (avx512, avx2, scalar); throws std::invalid_argument for an unknown
+// name and std::runtime_error when this CPU or build cannot run it.
+void set_isa(const std::string& name);
+// Apply ENGINE_CPU_ISA (if set) or pick the best; called once at module import.
+void init_isa_from_env();
+
+}  // namespace engine_cpu

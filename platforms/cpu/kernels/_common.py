@@ -1,0 +1,31 @@
+"""Shared helpers for the native CPU kernel wrappers."""
+
+from __future__ import annotations
+
+import torch
+from engine.platforms.cpu import _native
+
+DTYPE_CODE = {torch.float32: _native.DTYPE_F32, torch.bfloat16: _native.DTYPE_BF16}
+PRIORITY = 10
+
+
+def isa_note() -> str:
+    return f"native C++, ISA chosen at run time ({_native.isa()} at registration; ENGINE_CPU_ISA forces one)"
+
+
+def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """(tensor, rows, row stride in elements) viewing ``t`` as [rows, t.shape[-1]] with unit last stride.
+
+    Copies only when no such view exists: the registry caches its choice without looking at
+    strides, so a kernel chosen for a contiguous call must still be correct for a strided one.
+    """
+    if t.dim() == 2 and t.stride(1) == 1:
+        return t, t.shape[0], t.stride(0)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t, t.numel() // t.shape[-1] if t.shape[-1] else 0, t.shape[-1]
+
+
+def row_layout_ok(t: torch.Tensor) -> bool:
+    """True when ``rows_of`` would not copy."""
+    return (t.dim() == 2 and t.stride(1) == 1) or t.is_contiguous()

@@ -1,0 +1,27 @@
+"""CudaPlatform: NVIDIA GPUs through torch's CUDA device module."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.platform import TorchAcceleratorPlatform
+
+from . import probe
+
+
+class CudaPlatform(TorchAcceleratorPlatform):
+    name = "cuda"
+    device_type = "cuda"
+    priority = 100
+    description = "NVIDIA GPUs: Triton kernels, FP8 via torch._scaled_mm, NCCL"
+    dist_backend = "nccl"
+
+    @classmethod
+    def probe(cls) -> tuple[bool, str]:
+        return probe()
+
+    def capability(self, index: int = 0) -> tuple[int, int] | None:
+        return tuple(torch.cuda.get_device_capability(index))
+
+    def supported_dtypes(self) -> tuple[torch.dtype, ...]:
+        return (torch.bfloat16, torch.float16, torch.float32)

@@ -1,0 +1,30 @@
+"""RocmPlatform: AMD GPUs (torch exposes them through its "cuda" device type)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.platform import TorchAcceleratorPlatform
+
+from . import fp8_is_fnuz, probe
+
+
+class RocmPlatform(TorchAcceleratorPlatform):
+    name = "rocm"
+    device_type = "cuda"  # HIP builds of torch reuse the cuda device type
+    priority = 100
+    description = "AMD GPUs: AITER when installed, portable Triton otherwise; RCCL"
+    dist_backend = "nccl"
+
+    @classmethod
+    def probe(cls) -> tuple[bool, str]:
+        return probe()
+
+    def gcn_arch(self, index: int = 0) -> str:
+        return torch.cuda.get_device_properties(index).gcnArchName
+
+    def supported_dtypes(self) -> tuple[torch.dtype, ...]:
+        return (torch.bfloat16, torch.float16, torch.float32)
+
+    def fp8_dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fnuz if fp8_is_fnuz(self.gcn_arch()) else torch.float8_e4m3fn
