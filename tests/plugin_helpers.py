@@ -14,7 +14,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -4,9 +4,9 @@ Scale layouts (``S`` scales a matrix ``A [rows, K]``; the dequantized value is `
 
 - per-tensor: ``S`` has one element, shape ``[]``, ``[1]`` or ``[1, 1]``;
 - per-row (per-token for activations, per-channel for weights): ``S`` is ``[rows, 1]``;
-- block: ``S`` is ``[ceil(rows / br), ceil(K / 128)]`` and ``S[i, j]`` scales ``A[i*br:(i+1)*br, j*128:(j+1)*128]``
-  (edge blocks are partial): ``br = 1`` for activations (1x128 groups, DeepSeek-style), ``128`` for weights
-  (128x128 blocks).
+- block: ``S`` is ``[ceil(rows / br), ceil(K / 128)]`` and ``S[i, j]`` scales
+  ``A[i*br:(i+1)*br, j*128:(j+1)*128]`` (edge blocks are partial): ``br = 1`` for activations
+  (1x128 groups, DeepSeek-style), ``128`` for weights (128x128 blocks).
 
 Where two readings of a shape coincide (e.g. ``[M, 1]`` with ``K <= 128``) they mean the same scaling.
 """
@@ -85,13 +85,14 @@ def _dequant_scale(scale: torch.Tensor, rows: int, k: int, br: int, what: str) -
         return scale
     if tuple(scale.shape) == blocks:
         return _expand(scale, rows, k, br, BLOCK_K)
-    raise ValueError(f"{what} has shape {tuple(scale.shape)}; for a [{rows}, {k}] operand it must be [] or [1] "
-                     f"(per-tensor), [{rows}, 1] (per-row) or {list(blocks)} ({br}x{BLOCK_K} blocks)")
+    raise ValueError(f"{what} has shape {tuple(scale.shape)}; for a [{rows}, {k}] operand it must be [] or "
+                     f"[1] (per-tensor), [{rows}, 1] (per-row) or {list(blocks)} ({br}x{BLOCK_K} blocks)")
 
 
 def _fp8_linear_ref(x_q, x_scale, w_q, w_scale, bias, out_dtype):
     if x_q.dim() != 2 or w_q.dim() != 2 or x_q.shape[1] != w_q.shape[1]:
-        raise ValueError(f"fp8_linear wants x_q [M, K] and w_q [N, K], got {tuple(x_q.shape)}, {tuple(w_q.shape)}")
+        raise ValueError(f"fp8_linear wants x_q [M, K] and w_q [N, K] (same K), got {tuple(x_q.shape)}, "
+                         f"{tuple(w_q.shape)}")
     if x_q.dtype not in FP8_DTYPES.values() or w_q.dtype != x_q.dtype:
         raise TypeError(f"x_q and w_q must both be float8_e4m3fn or both float8_e4m3fnuz, got {x_q.dtype}, "
                         f"{w_q.dtype}")
@@ -124,7 +125,8 @@ def _varied(rows, cols, device, gen, scale):
     row = uniform((rows, 1), 0.5, 2.0, torch.float32, "cpu", gen)
     col = uniform((1, math.ceil(cols / BLOCK_K)), 0.5, 2.0, torch.float32, "cpu", gen)
     col = col.repeat_interleave(BLOCK_K, 1)[:, :cols]
-    return (randn((rows, cols), torch.float32, "cpu", gen, scale=scale) * row * col).to(torch.bfloat16).to(device)
+    x = randn((rows, cols), torch.float32, "cpu", gen, scale=scale) * row * col
+    return x.to(torch.bfloat16).to(device)
 
 
 def _fp8_linear_inputs(p, dtype, device, gen):
@@ -139,18 +141,21 @@ def _fp8_linear_inputs(p, dtype, device, gen):
 
 fp8_linear = OpDef(
     name="fp8_linear",
-    schema="(Tensor x_q, Tensor x_scale, Tensor w_q, Tensor w_scale, Tensor? bias, ScalarType out_dtype) -> Tensor",
+    schema=("(Tensor x_q, Tensor x_scale, Tensor w_q, Tensor w_scale, Tensor? bias, ScalarType out_dtype)"
+            " -> Tensor"),
     reference=_fp8_linear_ref,
     fake=_fp8_linear_fake,
     make_inputs=_fp8_linear_inputs,
     cases=[
-        Case("tensor_e4m3fn", {"m": 4, "n": 48, "k": 64, "granularity": "tensor", "fp8": "e4m3fn", "bias": True}),
+        Case("tensor_e4m3fn", {"m": 4, "n": 48, "k": 64, "granularity": "tensor", "fp8": "e4m3fn",
+                               "bias": True}),
         Case("tensor_e4m3fnuz", {"m": 3, "n": 40, "k": 96, "granularity": "tensor", "fp8": "e4m3fnuz"}),
         Case("token_channel_e4m3fn", {"m": 6, "n": 72, "k": 160, "granularity": "token_channel",
                                       "fp8": "e4m3fn", "bias": True}),
         Case("token_channel_e4m3fnuz", {"m": 1, "n": 32, "k": 48, "granularity": "token_channel",
                                         "fp8": "e4m3fnuz"}),
-        Case("token_tensor_e4m3fn", {"m": 5, "n": 64, "k": 64, "granularity": "token_tensor", "fp8": "e4m3fn"}),
+        Case("token_tensor_e4m3fn", {"m": 5, "n": 64, "k": 64, "granularity": "token_tensor",
+                                     "fp8": "e4m3fn"}),
         Case("block_e4m3fn", {"m": 5, "n": 200, "k": 320, "granularity": "block", "fp8": "e4m3fn"}),
         Case("block_e4m3fnuz", {"m": 2, "n": 256, "k": 256, "granularity": "block", "fp8": "e4m3fnuz",
                                 "bias": True}),
@@ -162,6 +167,7 @@ fp8_linear = OpDef(
         "out_dtype. x_q [M, K], w_q [N, K]: both float8_e4m3fn (max 448) or both float8_e4m3fnuz (max 240). "
         "Scales fp32; their shapes pick the granularity: x_scale [] / [1] (per-tensor), [M, 1] (per-token), "
         "[M, ceil(K/128)] (1x128 groups); w_scale [] / [1] (per-tensor), [N, 1] (per-channel), "
-        "[ceil(N/128), ceil(K/128)] (128x128 blocks). bias [N] or None. The dtype axis is out_dtype."
+        "[ceil(N/128), ceil(K/128)] (128x128 blocks). bias [N] (any float dtype, added in fp32) or None. "
+        "The dtype axis is out_dtype."
     ),
 )

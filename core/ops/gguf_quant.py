@@ -148,7 +148,7 @@ gguf_linear = OpDef(
            Case("q4_1_prefill", {"qtype": Q4_1, "m": 33, "n": 96, "k": 1536}),
            Case("q4_0_odd", {"qtype": Q4_0, "m": 5, "n": 7, "k": 96})],
     # bf16 covers implementations that round the dequantized weight to bf16 before an fp32-accumulating dot.
-    tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(2e-2, 2e-2)},
+    tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(5e-2, 2e-2)},
     doc="y = x @ dequant(raw)^T: x [..., cols], raw GGUF [N, row_bytes] -> [..., N] in x.dtype, fp32 "
         "dequantized weight and fp32 accumulation.",
 )

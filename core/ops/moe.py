@@ -35,7 +35,8 @@ def _check(x, w13, w2, router_logits, top_k):
     n_tok, hidden = x.shape
     n_exp, two_i, w13_hidden = w13.shape
     if two_i % 2 or w13_hidden != hidden:
-        raise ValueError(f"w13 must be [E, 2*I, hidden={hidden}] (gate rows then up rows), got {tuple(w13.shape)}")
+        raise ValueError(f"w13 must be [E, 2*I, hidden={hidden}] (gate rows then up rows), got "
+                         f"{tuple(w13.shape)}")
     if tuple(w2.shape) != (n_exp, hidden, two_i // 2):
         raise ValueError(f"w2 must be [E={n_exp}, hidden={hidden}, I={two_i // 2}], got {tuple(w2.shape)}")
     if tuple(router_logits.shape) != (n_tok, n_exp):
@@ -78,8 +79,9 @@ def _fused_moe_fake(x, w13, w2, router_logits, top_k, renormalize):
 
 
 def distinct_logits(tokens: int, experts: int, dtype, device, gen: torch.Generator) -> torch.Tensor:
-    """Router logits whose values in each row are at least 0.25 apart (exact in bf16 too), so that the top-k
-    choice cannot depend on rounding or tie-breaking: a random permutation of 0, .25, .5, ... plus small noise."""
+    """Router logits whose values in each row are at least 0.2 apart (in bf16 too), so that the top-k
+    choice cannot depend on rounding or tie-breaking: a random permutation of 0, .25, .5, ... plus noise
+    below 0.05."""
     perm = torch.argsort(torch.rand((tokens, experts), generator=gen), dim=-1).float()
     noise = torch.rand((tokens, experts), generator=gen) * 0.05
     return (perm * 0.25 - experts * 0.125 + noise).to(dtype=dtype, device=device)
@@ -90,10 +92,15 @@ def _fused_moe_inputs(p, dtype, device, gen):
     x = randn((t, h), dtype, device, gen)
     # Scaled so gate/up and the output are O(1); per-expert magnitudes differ so a wrong expert id shows.
     mag = uniform((e, 1, 1), 0.5, 2.0, torch.float32, "cpu", gen)
-    w13 = (randn((e, 2 * i, h), torch.float32, "cpu", gen, scale=h ** -0.5) * mag).to(dtype=dtype, device=device)
+    w13 = randn((e, 2 * i, h), torch.float32, "cpu", gen, scale=h ** -0.5) * mag
+    w13 = w13.to(dtype=dtype, device=device)
     w2 = randn((e, h, i), dtype, device, gen, scale=i ** -0.5)
     logits = distinct_logits(t, e, dtype, device, gen)
     return x, w13, w2, logits, p["top_k"], p["renormalize"]
+
+
+def _case(name, **params):
+    return Case(name, params)
 
 
 fused_moe = OpDef(
@@ -103,18 +110,18 @@ fused_moe = OpDef(
     fake=_fused_moe_fake,
     make_inputs=_fused_moe_inputs,
     cases=[
-        Case("mixtral_tiny", {"tokens": 6, "hidden": 64, "inter": 96, "experts": 8, "top_k": 2, "renormalize": True}),
-        Case("e16_top4", {"tokens": 9, "hidden": 48, "inter": 32, "experts": 16, "top_k": 4, "renormalize": False}),
-        Case("one_token", {"tokens": 1, "hidden": 64, "inter": 64, "experts": 8, "top_k": 2, "renormalize": True}),
-        Case("top1_many", {"tokens": 40, "hidden": 32, "inter": 40, "experts": 4, "top_k": 1, "renormalize": False}),
-        Case("e16_top4_renorm", {"tokens": 17, "hidden": 80, "inter": 56, "experts": 16, "top_k": 4,
-                                 "renormalize": True}),
+        _case("mixtral_tiny", tokens=6, hidden=64, inter=96, experts=8, top_k=2, renormalize=True),
+        _case("e16_top4", tokens=9, hidden=48, inter=32, experts=16, top_k=4, renormalize=False),
+        _case("one_token", tokens=1, hidden=64, inter=64, experts=8, top_k=2, renormalize=True),
+        _case("top1_many", tokens=40, hidden=32, inter=40, experts=4, top_k=1, renormalize=False),
+        _case("e16_top4_renorm", tokens=17, hidden=80, inter=56, experts=16, top_k=4, renormalize=True),
     ],
     tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(2e-2, 2e-2)},
     doc=(
         "x [T, hidden]; w13 [E, 2*I, hidden] (rows 0..I-1 gate, I..2I-1 up); w2 [E, hidden, I]; "
-        "router_logits [T, E]; (weights, ids) = route(router_logits, top_k, renormalize) (fp32 softmax, top-k, "
-        "optionally renormalised to sum 1); expert_e(x) = w2[e] @ (silu(w13[e, :I] @ x) * (w13[e, I:] @ x)); "
+        "router_logits [T, E]; (weights, ids) = route(router_logits, top_k, renormalize) (fp32 softmax, "
+        "top-k, optionally renormalised to sum 1); "
+        "expert_e(x) = w2[e] @ (silu(w13[e, :I] @ x) * (w13[e, I:] @ x)); "
         "out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]). fp32 math, returned in x.dtype. "
         "x, w13, w2 share one dtype; router_logits may be any float dtype."
     ),

@@ -81,14 +81,14 @@ def _check(positions, q, k, cos_sin_cache, head_dim) -> int:
                          f"(0, head_dim={head_dim}]")
     t = positions.shape[0]
     for name, x in (("q", q), ("k", k)):
-        if x.dim() < 2 or x.shape[0] != t or (x[0].numel() % head_dim):
+        if x.dim() < 2 or x.shape[0] != t or math.prod(x.shape[1:]) % head_dim:
             raise ValueError(f"rotary_embedding: {name} must be [T={t}, H*{head_dim}], got {tuple(x.shape)}")
     return rot
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int, is_neox: bool):
     t, rot = x.shape[0], 2 * cos.shape[-1]
-    xf = x.float().reshape(t, -1, head_dim)
+    xf = x.float().reshape(t, math.prod(x.shape[1:]) // head_dim, head_dim)
     xr = xf[..., :rot]
     if is_neox:
         a, b = xr[..., : rot // 2], xr[..., rot // 2:]

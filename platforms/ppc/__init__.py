@@ -28,7 +28,8 @@ def probe_reason(machine: str, generation: int | None) -> tuple[bool, str]:
     if generation is None:
         return False, "ppc64le, but /proc/cpuinfo names no POWER generation; the cpu platform serves it"
     if generation < MIN_POWER:
-        return False, f"POWER{generation} is older than POWER{MIN_POWER} (no fp16 VSX conversions); the cpu platform serves it"
+        return False, (f"POWER{generation} is older than POWER{MIN_POWER} (no fp16 VSX conversions); "
+                       "the cpu platform serves it")
     return True, f"POWER{generation} with VSX"
 
 

@@ -31,5 +31,5 @@ def test_example_passes_the_conformance_kit(acme_site):
                        "-o", "addopts=", "--engine-op", "rms_norm"], acme_site, module="pytest")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "engine conformance kit: platform=acme" in proc.stdout
-    assert "rms_norm-acme.acme_rms_norm-smollm-float32 PASSED" in proc.stdout
-    assert "rms_norm-acme.acme_rms_norm-smollm-bfloat16 PASSED" in proc.stdout
+    assert "rms_norm-acme.acme_rms_norm-smollm-float32] PASSED" in proc.stdout
+    assert "rms_norm-acme.acme_rms_norm-smollm-bfloat16] PASSED" in proc.stdout

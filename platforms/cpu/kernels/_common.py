@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from engine.platforms.cpu import _native
 
 DTYPE_CODE = {torch.float32: _native.DTYPE_F32, torch.bfloat16: _native.DTYPE_BF16}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from engine.core.ops.gguf_quant import BLOCK, GGUF_QTYPES, gguf_dequantize, gguf_linear
 from engine.platforms.cpu import _native
 

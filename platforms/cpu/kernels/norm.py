@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from engine.core.ops.norm import fused_add_rms_norm, rms_norm
 from engine.platforms.cpu import _native
 

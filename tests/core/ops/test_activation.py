@@ -4,8 +4,9 @@ import random
 
 import pytest
 import torch
-from engine.core.ops.activation import silu_and_mul as op
 from torch._subclasses.fake_tensor import FakeTensorMode
+
+from engine.core.ops.activation import silu_and_mul as op
 
 PARAMS = [pytest.param(c, dt, id=f"{c.name}-{str(dt)[6:]}") for c in op.cases for dt in op.dtypes]
 
@@ -54,3 +55,8 @@ def test_bad_inputs():
         op.reference(torch.randn(3, 7))
     with pytest.raises(TypeError, match="dtype"):
         op.reference(torch.ones(3, 8, dtype=torch.int32))
+
+
+def test_opcheck(gen):
+    """torch.library.opcheck: schema (incl. mutation), fake impl vs real outputs, dynamic-shape tracing."""
+    torch.library.opcheck(op.torch_op, op.make_inputs(op.cases[0].params, torch.float32, "cpu", gen))

@@ -6,9 +6,10 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
 from engine.core.ops.attention import paged_attention_decode as decode
 from engine.core.ops.attention import paged_attention_prefill as prefill
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 
 def _params(op):
@@ -165,3 +166,9 @@ def test_bad_inputs(gen):
         prefill.reference(q, kc, vc, bt, cu, torch.ones_like(lens), scale)
     with pytest.raises(ValueError, match="from 0 to T"):
         prefill.reference(q[1:], kc, vc, bt, cu, lens, scale)
+
+
+@pytest.mark.parametrize("op", [decode, prefill], ids=["decode", "prefill"])
+def test_opcheck(op, gen):
+    """torch.library.opcheck: schema, fake impl vs real outputs, tracing with dynamic shapes."""
+    torch.library.opcheck(op.torch_op, op.make_inputs(op.cases[0].params, torch.float32, "cpu", gen))

@@ -23,7 +23,7 @@ def gen():
 
 
 def _block_loop(x_q, x_scale, w_q, w_scale, bias, per_row_w: bool):
-    """float64: for every output row, every output column, every 128-wide K block: partial dot times both scales."""
+    """float64: for each output row, output column and 128-wide K block, the partial dot times both scales."""
     xq, wq = x_q.double().numpy(), w_q.double().numpy()
     xs, ws = x_scale.double().numpy(), w_scale.double().numpy()
     (m, k), n = xq.shape, wq.shape[0]
@@ -145,7 +145,8 @@ def test_torch_op_and_fake(gen):
 
 
 def test_bad_inputs_raise(gen):
-    x_q, xs, w_q, ws, _, _ = fp8.fp8_linear.make_inputs(fp8.fp8_linear.cases[5].params, torch.float32, "cpu", gen)
+    op = fp8.fp8_linear
+    x_q, xs, w_q, ws, _, _ = op.make_inputs(op.cases[5].params, torch.float32, "cpu", gen)
     ref = fp8.fp8_linear.reference
     with pytest.raises(ValueError, match="w_scale"):
         ref(x_q, xs, w_q, ws[:1], None, torch.float32)

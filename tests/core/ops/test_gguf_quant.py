@@ -64,7 +64,8 @@ def test_dequantize_recovers_the_weight(qtype, gen):
     got = gguf_dequantize.reference(raw, qtype, 128, torch.float32)
     d = raw.view(6, 4, -1)[..., :2].contiguous().view(torch.float16).float()  # [6, 4, 1]
     err = (got - w).view(6, 4, 32).abs()
-    assert (err <= d.abs() * 1.01 + w.abs().view(6, 4, 32) * 2e-3 + 1e-6).all()
+    amax = w.abs().view(6, 4, 32).amax(-1, keepdim=True)  # bounds the fp16 rounding of d and m
+    assert (err <= d.abs() * 1.01 + amax * 1e-3).all()
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -116,8 +117,8 @@ def test_torch_op_matches_call(gen):
     assert torch.equal(torch.ops.engine.gguf_dequantize(raw, qtype, cols, dtype),
                        gguf_dequantize(raw, qtype, cols, dtype))
     x, raw, qtype, cols = gguf_linear.make_inputs(gguf_linear.cases[1].params, torch.float32, "cpu", gen)
-    torch.testing.assert_close(torch.ops.engine.gguf_linear(x, raw, qtype, cols), gguf_linear(x, raw, qtype, cols),
-                               atol=0, rtol=0)
+    via_torch = torch.ops.engine.gguf_linear(x, raw, qtype, cols)
+    torch.testing.assert_close(via_torch, gguf_linear(x, raw, qtype, cols), atol=0, rtol=0)
 
 
 def test_bad_inputs():

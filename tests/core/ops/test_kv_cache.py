@@ -4,8 +4,9 @@ import random
 
 import pytest
 import torch
-from engine.core.ops.kv_cache import write_kv_cache as op
 from torch._subclasses.fake_tensor import FakeTensorMode
+
+from engine.core.ops.kv_cache import write_kv_cache as op
 
 PARAMS = [pytest.param(c, dt, id=f"{c.name}-{str(dt)[6:]}") for c in op.cases for dt in op.dtypes]
 
@@ -79,3 +80,8 @@ def test_bad_inputs(gen):
         op.reference(key, value, kc.transpose(2, 3).contiguous().transpose(2, 3), vc, slots)
     with pytest.raises(ValueError, match=r"\[T, Hk, D\]"):
         op.reference(key[1:], value[1:], kc, vc, slots)
+
+
+def test_opcheck(gen):
+    """torch.library.opcheck: schema (incl. mutation), fake impl vs real outputs, dynamic-shape tracing."""
+    torch.library.opcheck(op.torch_op, op.make_inputs(op.cases[0].params, torch.float32, "cpu", gen))

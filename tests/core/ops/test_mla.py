@@ -4,8 +4,9 @@ import random
 
 import pytest
 import torch
-from engine.core.ops.mla import mla_decode as op
 from torch._subclasses.fake_tensor import FakeTensorMode
+
+from engine.core.ops.mla import mla_decode as op
 
 PARAMS = [pytest.param(c, dt, id=f"{c.name}-{str(dt)[6:]}") for c in op.cases for dt in op.dtypes]
 
@@ -91,3 +92,8 @@ def test_bad_inputs(gen):
         op.reference(q, kv, bt, lens.long(), scale, v_dim)
     with pytest.raises(ValueError, match="disagree on B"):
         op.reference(q[:-1], kv, bt, lens, scale, v_dim)
+
+
+def test_opcheck(gen):
+    """torch.library.opcheck: schema (incl. mutation), fake impl vs real outputs, dynamic-shape tracing."""
+    torch.library.opcheck(op.torch_op, op.make_inputs(op.cases[0].params, torch.float32, "cpu", gen))

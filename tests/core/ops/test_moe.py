@@ -88,7 +88,8 @@ def test_torch_op_and_fake(gen):
 
 
 def test_bad_inputs_raise(gen):
-    x, w13, w2, logits, k, rn = moe.fused_moe.make_inputs(moe.fused_moe.cases[0].params, torch.float32, "cpu", gen)
+    op = moe.fused_moe
+    x, w13, w2, logits, k, rn = op.make_inputs(op.cases[0].params, torch.float32, "cpu", gen)
     with pytest.raises(ValueError, match="top_k"):
         moe.fused_moe.reference(x, w13, w2, logits, 9, rn)
     with pytest.raises(ValueError, match="w2"):

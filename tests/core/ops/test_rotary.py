@@ -5,9 +5,10 @@ import random
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
 from engine.core.ops.rotary import build_cos_sin_cache
 from engine.core.ops.rotary import rotary_embedding as op
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 PARAMS = [pytest.param(c, dt, id=f"{c.name}-{str(dt)[6:]}") for c in op.cases for dt in op.dtypes]
 
@@ -153,3 +154,8 @@ def test_bad_inputs(gen):
         op.reference(positions, q, k, build_cos_sin_cache(64, 2 * d, 10000.0), d, neox)
     with pytest.raises(TypeError, match="cos_sin_cache"):
         op.reference(positions, q, k, cache.double(), d, neox)
+
+
+def test_opcheck(gen):
+    """torch.library.opcheck: schema (incl. mutation), fake impl vs real outputs, dynamic-shape tracing."""
+    torch.library.opcheck(op.torch_op, op.make_inputs(op.cases[0].params, torch.float32, "cpu", gen))

@@ -7,7 +7,13 @@ import torch
 
 from engine.core.ops.norm import rms_norm
 from engine.core.ops.registry import KernelRegistry
-from engine.core.testing.conformance import ConformanceFailure, Unsupported, collect_checks, fresh_seed, run_check
+from engine.core.testing.conformance import (
+    ConformanceFailure,
+    Unsupported,
+    collect_checks,
+    fresh_seed,
+    run_check,
+)
 from tests.plugin_helpers import run_engine, write_plugin_dist
 
 

@@ -1,0 +1,62 @@
+"""A request's state as it moves through the scheduler, block manager and model runner."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+
+from .sampling_params import SamplingParams
+
+_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # not yet (or no longer, after preemption) holding KV blocks
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Token ids (prompt + generated), KV-cache bookkeeping and the finish state of one request.
+
+    ``num_computed_tokens`` counts the leading tokens whose K/V are in the cache (prefix-cache hits
+    included); the model runner computes tokens [num_computed_tokens, num_computed_tokens + n) for
+    the n the scheduler grants. ``block_table`` lists this sequence's KV block ids in order.
+    """
+
+    def __init__(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None):
+        self.seq_id = next(_ids)
+        self.request_id = request_id if request_id is not None else str(self.seq_id)
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at the last allocation
+        self.block_table: list[int] = []
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort"
+        self.num_preemptions = 0
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        """True while the tokens still to compute include prompt tokens (or recomputed outputs)."""
+        return self.num_computed_tokens < len(self) - 1
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, len={len(self)}, computed={self.num_computed_tokens}, "
+                f"status={self.status.value}, blocks={len(self.block_table)})")

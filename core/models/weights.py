@@ -1,0 +1,25 @@
+"""Weights as the models see them: plain tensors, or GGUF-quantized matrices kept in their blocks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class QuantizedWeight:
+    """A [rows, cols] matrix stored as GGUF blocks: ``raw`` is uint8 [rows, row_bytes] of type ``qtype``
+    (a gguf.GGMLQuantizationType value: Q4_0, Q4_1 or Q8_0). Used through ops.gguf_linear / gguf_dequantize."""
+
+    raw: torch.Tensor
+    qtype: int
+    rows: int
+    cols: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+
+Weight = torch.Tensor | QuantizedWeight
