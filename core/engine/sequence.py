@@ -36,6 +36,12 @@ class Sequence:
         self.block_table: list[int] = []
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.num_preemptions = 0
+        # Prefix-cache bookkeeping owned by the BlockManager: chained hashes of the full token blocks
+        # (a pure function of the tokens, so they survive preemption), and how many leading blocks of
+        # block_table are already hit or registered in the cache.
+        self.block_hashes: list[bytes] = []
+        self.num_hashed_blocks = 0
+        self.generator = None  # the per-request torch.Generator of a seeded request, made by the Sampler
 
     @property
     def token_ids(self) -> list[int]:

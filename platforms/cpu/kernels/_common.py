@@ -20,13 +20,20 @@ def rows_of(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     Copies only when no such view exists: the registry caches its choice without looking at
     strides, so a kernel chosen for a contiguous call must still be correct for a strided one.
     """
+    h = t.shape[-1]
+    if t.is_contiguous():
+        return t, t.numel() // h if h else 0, h
     if t.dim() == 2 and t.stride(1) == 1:
         return t, t.shape[0], t.stride(0)
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t, t.numel() // t.shape[-1] if t.shape[-1] else 0, t.shape[-1]
+    t = t.contiguous()
+    return t, t.numel() // h if h else 0, h
+
+
+def empty_rows(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous output of t's shape and dtype (the cheapest allocation torch offers here)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
 def row_layout_ok(t: torch.Tensor) -> bool:
     """True when ``rows_of`` would not copy."""
-    return (t.dim() == 2 and t.stride(1) == 1) or t.is_contiguous()
+    return t.is_contiguous() or (t.dim() == 2 and t.stride(1) == 1)

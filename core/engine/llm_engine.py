@@ -1,0 +1,86 @@
+"""LLMEngine: the step loop tying scheduler, block manager, model runner, sampler and detokenizer together."""
+
+from __future__ import annotations
+
+from .detokenizer import IncrementalDetokenizer
+from .model_runner import ModelRunner
+from .outputs import RequestOutput, StepUpdate
+from .sampler import Sampler
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+
+class LLMEngine:
+    """``add_request`` then call ``step`` until ``has_unfinished`` is False. Each step returns the
+    updates of the requests that produced a token (or finished) in it."""
+
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer, max_model_len: int):
+        self.runner, self.scheduler, self.tokenizer = runner, scheduler, tokenizer
+        self.max_model_len = max_model_len
+        self.sampler = Sampler()
+        self._requests: dict[int, tuple[Sequence, IncrementalDetokenizer, RequestOutput]] = {}
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
+                    request_id: str | None = None) -> str:
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if n >= self.max_model_len:
+            raise ValueError(f"the prompt has {n} tokens but the context holds {self.max_model_len} "
+                             "(prompt plus at least one generated token); shorten the prompt or raise max_model_len")
+        vocab = self.runner.model.cfg.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        seq = Sequence(prompt_token_ids, params, request_id)
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+        out = RequestOutput(seq.request_id, prompt, list(prompt_token_ids))
+        self.scheduler.add(seq)
+        self._requests[seq.seq_id] = (seq, detok, out)
+        return seq.request_id
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[StepUpdate]:
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        logits, sampled_seqs = self.runner.run(sched.scheduled)
+        tokens = self.sampler.sample(logits, sampled_seqs) if sampled_seqs else []
+        sampled = {s.seq_id: int(t) for s, t in zip(sampled_seqs, tokens, strict=True)}
+        self.scheduler.update(sched.scheduled, sampled)
+        updates = []
+        for seq in sampled_seqs:
+            updates.append(self._advance(seq, sampled[seq.seq_id]))
+        return updates
+
+    def _advance(self, seq: Sequence, token: int) -> StepUpdate:
+        _, detok, out = self._requests[seq.seq_id]
+        out.token_ids.append(token)
+        out.num_cached_tokens = max(out.num_cached_tokens, seq.num_cached_tokens)
+        delta = "" if token in seq.params.stop_token_ids else detok.add(token)
+        text = out.text + delta
+        stop_at = self._find_stop(text, len(out.text), seq.params.stop)
+        if stop_at is not None and not seq.is_finished:
+            delta = text[len(out.text):stop_at] if stop_at > len(out.text) else ""
+            text = text[:stop_at]
+            self.scheduler.finish(seq, "stop")
+        elif stop_at is not None:
+            delta, text = text[len(out.text):stop_at], text[:stop_at]
+        out.text = text
+        if seq.is_finished:
+            out.finish_reason = seq.finish_reason
+            del self._requests[seq.seq_id]
+        return StepUpdate(seq.request_id, delta, [token], seq.is_finished, out)
+
+    @staticmethod
+    def _find_stop(text: str, old_len: int, stops: list[str]) -> int | None:
+        """Earliest end-of-text cut for a stop string that appears in the newly added text."""
+        best = None
+        for s in stops:
+            i = text.find(s, max(0, old_len - len(s) + 1))
+            if i != -1 and (best is None or i < best):
+                best = i
+        return best

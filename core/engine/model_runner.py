@@ -1,0 +1,65 @@
+"""ModelRunner: owns the KV cache, turns a scheduled step into a flat ForwardBatch, returns logits."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.models.batch import ForwardBatch
+from engine.core.models.decoder import DecoderModel
+
+from .sequence import Sequence
+
+
+def kv_bytes_per_token(model: DecoderModel) -> int:
+    cfg = model.cfg
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.empty((), dtype=model.dtype).element_size()
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int):
+        cfg = model.cfg
+        self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        # Fresh caches hold garbage until written; attention never reads past seq_lens, so no zero-fill is needed.
+        self.kv_caches = [(torch.empty(shape, dtype=model.dtype, device=model.device),
+                           torch.empty(shape, dtype=model.dtype, device=model.device)) for _ in range(cfg.num_layers)]
+
+    def build_batch(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, ForwardBatch, list[Sequence]]:
+        """Flatten the step's new tokens; also return the sequences whose next token is to be sampled."""
+        bs = self.block_size
+        ids, positions, slots, cu, seq_lens, sampled, logits_rows = [], [], [], [0], [], [], []
+        for seq, n in scheduled:
+            start = seq.num_computed_tokens
+            tokens = seq.token_ids
+            ids.extend(tokens[start:start + n])
+            pos = range(start, start + n)
+            positions.extend(pos)
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            cu.append(cu[-1] + n)
+            seq_lens.append(start + n)
+            if start + n == len(seq):  # the chunk reaches the end: its last row predicts the next token
+                sampled.append(seq)
+                logits_rows.append(cu[-1] - 1)
+        width = max(len(s.block_table) for s, _ in scheduled)
+        tables = [s.block_table + [0] * (width - len(s.block_table)) for s, _ in scheduled]
+        dev = self.model.device
+        batch = ForwardBatch(
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+            is_decode=all(n == 1 for _, n in scheduled),
+            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
+        )
+        return torch.tensor(ids, dtype=torch.int64, device=dev), batch, sampled
+
+    @torch.inference_mode()
+    def run(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
+        """Compute the step; returns fp32 logits [len(sampled), vocab] and the sequences they belong to."""
+        ids, batch, sampled = self.build_batch(scheduled)
+        hidden = self.model.forward(ids, batch, self.kv_caches)
+        if not sampled:
+            return hidden.new_empty((0, 0), dtype=torch.float32), sampled
+        return self.model.logits(hidden[batch.logits_indices]), sampled

@@ -1,0 +1,46 @@
+"""The self-attention block of Llama-style models (GQA, RoPE, optional q/k norm and q/k/v bias)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.ops.attention import paged_attention_decode, paged_attention_prefill
+from engine.core.ops.kv_cache import write_kv_cache
+from engine.core.ops.norm import rms_norm
+from engine.core.ops.rotary import rotary_embedding
+
+from .batch import ForwardBatch
+from .config import ModelConfig
+from .layers import linear
+
+
+class SelfAttention:
+    def __init__(self, cfg: ModelConfig, w: dict, prefix: str, cos_sin_cache: torch.Tensor):
+        self.h, self.hk, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.scale = self.d ** -0.5
+        self.cos_sin = cos_sin_cache
+        p = prefix + "self_attn."
+        self.q, self.k, self.v, self.o = (w[p + n + "_proj.weight"] for n in "qkvo")
+        self.q_bias, self.k_bias, self.v_bias = (w.get(p + n + "_proj.bias") for n in "qkv")
+        self.q_norm, self.k_norm = w.get(p + "q_norm.weight"), w.get(p + "k_norm.weight")
+        if cfg.qk_norm and (self.q_norm is None or self.k_norm is None):
+            raise ValueError(f"{p}q_norm / k_norm weights are missing but the config asks for q/k norm")
+
+    def __call__(self, x: torch.Tensor, batch: ForwardBatch, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        t = x.shape[0]
+        q = linear(x, self.q, self.q_bias).view(t, self.h, self.d)
+        k = linear(x, self.k, self.k_bias).view(t, self.hk, self.d)
+        v = linear(x, self.v, self.v_bias).view(t, self.hk, self.d)
+        if self.q_norm is not None:
+            q = rms_norm(q, self.q_norm, self.eps)
+            k = rms_norm(k, self.k_norm, self.eps)
+        q, k = rotary_embedding(batch.positions, q, k, self.cos_sin, self.d, True)
+        key_cache, value_cache = kv
+        write_kv_cache(k, v, key_cache, value_cache, batch.slot_mapping)
+        if batch.is_decode:
+            o = paged_attention_decode(q, key_cache, value_cache, batch.block_tables, batch.seq_lens, self.scale)
+        else:
+            o = paged_attention_prefill(q, key_cache, value_cache, batch.block_tables, batch.cu_seqlens_q,
+                                        batch.seq_lens, self.scale)
+        return linear(o.reshape(t, self.h * self.d), self.o)

@@ -1,0 +1,68 @@
+"""DecoderModel: the Llama-style decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM2) and its MoE variants
+(Mixtral, Qwen2-MoE, Qwen3-MoE), written only against engine.core.ops."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.ops.norm import fused_add_rms_norm, rms_norm
+from engine.core.ops.rotary import build_cos_sin_cache
+
+from .attention import SelfAttention
+from .batch import ForwardBatch
+from .config import SUPPORTED_ARCHS, ModelConfig
+from .layers import embed, linear
+from .mlp import GatedMLP, SparseMoE
+
+
+class DecoderLayer:
+    def __init__(self, cfg: ModelConfig, w: dict, i: int, cos_sin: torch.Tensor):
+        p = f"model.layers.{i}."
+        self.eps = cfg.rms_norm_eps
+        self.input_norm = w[p + "input_layernorm.weight"]
+        self.post_norm = w[p + "post_attention_layernorm.weight"]
+        self.attn = SelfAttention(cfg, w, p, cos_sin)
+        if cfg.layer_is_moe(i):
+            self.mlp = SparseMoE(cfg, w, p)
+        else:
+            self.mlp = GatedMLP(*(w[f"{p}mlp.{n}_proj.weight"] for n in ("gate", "up", "down")))
+
+    def __call__(self, x, residual, batch, kv):
+        if residual is None:
+            residual, x = x, rms_norm(x, self.input_norm, self.eps)
+        else:
+            x, residual = fused_add_rms_norm(x, residual, self.input_norm, self.eps)
+        x = self.attn(x, batch, kv)
+        x, residual = fused_add_rms_norm(x, residual, self.post_norm, self.eps)
+        return self.mlp(x), residual
+
+
+class DecoderModel:
+    """``forward(input_ids [T], batch, kv_caches) -> hidden [T, hidden]``; ``logits(hidden) -> [N, vocab]`` fp32.
+
+    ``kv_caches`` holds one (key_cache, value_cache) pair per layer, each
+    [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict, dtype: torch.dtype = torch.float32, device="cpu"):
+        if cfg.arch not in SUPPORTED_ARCHS.values():
+            raise ValueError(f"unsupported architecture {cfg.arch!r}; supported: {sorted(SUPPORTED_ARCHS)}")
+        self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+        cos_sin = build_cos_sin_cache(cfg.max_position, cfg.head_dim, cfg.rope_theta, torch.float32,
+                                      cfg.rope_scaling, device=self.device)
+        self.embed_tokens = weights["model.embed_tokens.weight"]
+        self.layers = [DecoderLayer(cfg, weights, i, cos_sin) for i in range(cfg.num_layers)]
+        self.norm = weights["model.norm.weight"]
+        self.lm_head = weights.get("lm_head.weight", self.embed_tokens if cfg.tie_word_embeddings else None)
+        if self.lm_head is None:
+            raise ValueError("the checkpoint has no lm_head.weight and does not tie embeddings")
+
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, kv_caches) -> torch.Tensor:
+        x = embed(input_ids, self.embed_tokens, self.dtype)
+        residual = None
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer(x, residual, batch, kv)
+        x, _ = fused_add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return linear(hidden, self.lm_head).float()
