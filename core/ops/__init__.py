@@ -1,13 +1,25 @@
 """Kernel contracts: every op the models call, with its reference implementation.
 
 ``from engine.core import ops; ops.rms_norm(x, w, eps)`` dispatches to the selected platform's
-best implementation (see :mod:`engine.core.ops.registry`).
+best implementation (see :mod:`engine.core.ops.registry`). Importing this package declares every op.
 """
 
+from .activation import silu_and_mul
+from .attention import paged_attention_decode, paged_attention_prefill
+from .comm import all_reduce
+from .fp8 import fp8_linear
+from .gguf_quant import gguf_dequantize, gguf_linear
+from .kv_cache import write_kv_cache
+from .mla import mla_decode
+from .moe import fused_moe
 from .norm import fused_add_rms_norm, rms_norm
+from .nvfp4 import nvfp4_linear, nvfp4_quantize
 from .registry import OPS, Case, KernelRegistry, OpDef, Tolerance, active_registry
+from .rotary import build_cos_sin_cache, rotary_embedding
 
 __all__ = [
     "OPS", "Case", "KernelRegistry", "OpDef", "Tolerance", "active_registry",
-    "fused_add_rms_norm", "rms_norm",
+    "all_reduce", "build_cos_sin_cache", "fp8_linear", "fused_add_rms_norm", "fused_moe", "gguf_dequantize",
+    "gguf_linear", "mla_decode", "nvfp4_linear", "nvfp4_quantize", "paged_attention_decode", "paged_attention_prefill",
+    "rms_norm", "rotary_embedding", "silu_and_mul", "write_kv_cache",
 ]

@@ -8,8 +8,8 @@ conformance cases and a tolerance per dtype. Platforms add implementations to a
 
 ``supports`` contract: it returns ``True`` when the implementation handles these arguments,
 otherwise ``False`` or a short string saying why not. It may look at dtypes, devices, the
-sizes of every dimension but the first (the token/batch dimension), and non-float scalar
-arguments; the choice is cached on exactly those, so it must not depend on anything else.
+sizes of every dimension but the first (the token/batch dimension), contiguity, and non-float
+scalar arguments; the choice is cached on exactly those, so it must not depend on anything else.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ OPS: dict[str, OpDef] = {}
 
 def _key_part(a):
     if isinstance(a, torch.Tensor):
-        return (a.dtype, a.device.type, tuple(a.shape[1:]), a.dim())
+        return (a.dtype, a.device.type, tuple(a.shape[1:]), a.dim(), a.is_contiguous())
     if isinstance(a, (str, bool, int, torch.dtype)) or a is None:
         return a
     if isinstance(a, (list, tuple)):

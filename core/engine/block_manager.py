@@ -1,0 +1,180 @@
+"""Paged KV-cache bookkeeping: which cache blocks each sequence owns, plus prefix caching.
+
+A block holds the K/V of ``block_size`` consecutive positions of one sequence. A block that is full and
+computed is registered in the prefix cache under a chained hash of its tokens (the hash of the parent
+block's hash and this block's token ids), so a later sequence with the same leading tokens reuses it
+(reference-counted) instead of recomputing it. The hash is SHA-256 over the whole chain, so a cache hit
+means the entire prefix up to that block is identical (a collision would need a SHA-256 collision).
+
+Blocks nobody references but that are still registered stay cached and count as free: allocation takes
+never-registered free blocks first and otherwise evicts the least recently used cached block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+
+from .sequence import Sequence
+
+
+class BlockManager:
+    """Owns ``num_blocks`` KV-cache blocks of ``block_size`` positions each.
+
+    The scheduler calls ``allocate`` when it admits a waiting sequence, ``append_slots`` before each step
+    that grows a running one, ``mark_computed`` after the step, and ``free`` when the sequence finishes or is
+    preempted. The model runner reads ``seq.block_table`` and ``slot``/``slots`` to address the cache.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"BlockManager: {name} must be an int >= 1, got {value!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref = [0] * num_blocks
+        self._hash: list[bytes | None] = [None] * num_blocks
+        self._cached: dict[bytes, int] = {}  # chained block hash -> block id
+        self._free: deque[int] = deque(range(num_blocks))  # unreferenced and unregistered
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced but registered, oldest first
+
+    # ---- accounting -------------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks available to allocation: unused ones plus cached blocks nobody references (evictable)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks registered in the prefix cache (referenced or not)."""
+        return len(self._cached)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks referenced by some sequence (0.0 .. 1.0)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref[block_id]
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """How many more blocks ``seq`` needs so that positions [0, num_tokens) have a slot."""
+        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Whether ``append_slots(seq, num_new_tokens)`` would succeed."""
+        return self.blocks_needed(seq, seq.num_computed_tokens + num_new_tokens) <= self.num_free_blocks
+
+    def slot(self, seq: Sequence, position: int) -> int:
+        """The flat KV-cache slot of ``position`` in ``seq``: block_table[pos // bs] * bs + pos % bs."""
+        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """Slots of positions [start, end) of ``seq``."""
+        bs, table = self.block_size, seq.block_table
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    # ---- allocation -------------------------------------------------------------------------------------
+    def allocate(self, seq: Sequence, max_new_tokens: int | None = None) -> bool:
+        """Give a sequence that holds no blocks its prefix-cache hits plus blocks for the tokens to compute now.
+
+        Hits are whole blocks, capped so that at least one token is left to compute (the runner needs the
+        last token's logits). Sets ``num_computed_tokens`` and ``num_cached_tokens`` to the hit tokens. The
+        tokens to compute now are the rest of the sequence, or at most ``max_new_tokens`` of it. Returns
+        False, changing nothing, when the free blocks do not suffice.
+        """
+        if seq.block_table:
+            raise ValueError(f"allocate: {seq} already holds blocks; free it first")
+        hits = self._lookup(seq)
+        computed = len(hits) * self.block_size
+        n = len(seq) - computed if max_new_tokens is None else min(max_new_tokens, len(seq) - computed)
+        num_new = self.blocks_needed(seq, computed + n) - len(hits)
+        num_revived = sum(1 for b in hits if self._ref[b] == 0)  # evictable hits leave the free pool too
+        if num_new + num_revived > self.num_free_blocks:
+            return False
+        for b in hits:
+            if self._ref[b] == 0:
+                del self._evictable[b]
+            self._ref[b] += 1
+        seq.block_table = hits + [self._take_free() for _ in range(num_new)]
+        seq.num_computed_tokens = seq.num_cached_tokens = computed
+        seq.num_hashed_blocks = len(hits)
+        return True
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Ensure slots for positions up to ``num_computed_tokens + num_new_tokens``; False (no change) if the
+        free blocks do not suffice."""
+        need = self.blocks_needed(seq, seq.num_computed_tokens + num_new_tokens)
+        if need > self.num_free_blocks:
+            return False
+        seq.block_table.extend(self._take_free() for _ in range(need))
+        return True
+
+    def mark_computed(self, seq: Sequence) -> None:
+        """Register the blocks that became full and computed since the last call in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(seq.num_computed_tokens, len(seq)) // self.block_size
+        if num_full <= seq.num_hashed_blocks:
+            return
+        self._hash_blocks(seq, num_full)
+        for i in range(seq.num_hashed_blocks, num_full):
+            h, b = seq.block_hashes[i], seq.block_table[i]
+            # Another sequence may have computed the same content concurrently; its block stays the cached
+            # one and this one is freed plainly later.
+            if h not in self._cached and self._hash[b] is None:
+                self._cached[h] = b
+                self._hash[b] = h
+        seq.num_hashed_blocks = num_full
+
+    def free(self, seq: Sequence) -> None:
+        """Release the sequence's blocks. Registered blocks stay cached (evictable) until their space is needed.
+
+        Blocks are released last-first so that, among them, a sequence's tail is evicted before its prefix.
+        """
+        for b in reversed(seq.block_table):
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                if self._hash[b] is not None:
+                    self._evictable[b] = None
+                else:
+                    self._free.append(b)
+        seq.block_table = []
+        seq.num_hashed_blocks = 0
+
+    # ---- internals --------------------------------------------------------------------------------------
+    def _take_free(self) -> int:
+        if self._free:
+            b = self._free.popleft()
+        else:
+            b, _ = self._evictable.popitem(last=False)
+            del self._cached[self._hash[b]]
+            self._hash[b] = None
+        self._ref[b] = 1
+        return b
+
+    def _lookup(self, seq: Sequence) -> list[int]:
+        if not self.enable_prefix_caching:
+            return []
+        max_hits = (len(seq) - 1) // self.block_size
+        self._hash_blocks(seq, max_hits)
+        hits = []
+        for h in seq.block_hashes[:max_hits]:
+            b = self._cached.get(h)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def _hash_blocks(self, seq: Sequence, num_blocks: int) -> None:
+        """Extend ``seq.block_hashes`` to cover its first ``num_blocks`` full blocks."""
+        done = len(seq.block_hashes)
+        if done >= num_blocks:
+            return
+        bs, tokens = self.block_size, seq.token_ids
+        parent = seq.block_hashes[-1] if done else b""
+        for i in range(done, num_blocks):
+            parent = hashlib.sha256(parent + array("q", tokens[i * bs:(i + 1) * bs]).tobytes()).digest()
+            seq.block_hashes.append(parent)

@@ -1,0 +1,93 @@
+"""Token sampling from a batch of logits, each row with its own SamplingParams.
+
+Greedy rows (temperature 0) take the argmax. The others divide by their temperature, apply top-k, then
+top-p (on the top-k survivors, renormalised), then min-p, and draw with the exponential race: the token is
+argmax(p_i / e_i) with e_i ~ Exp(1), which picks token i with probability p_i. A seeded request draws its
+e_i from its own generator (made from ``params.seed`` on first use and kept on the sequence), so its tokens
+do not depend on what it is batched with; unseeded rows share the sampler's generator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sequence import Sequence
+
+
+class Sampler:
+    """``sample(logits [N, V], seqs) -> token ids [N] (int64)``, on the logits' device."""
+
+    def __init__(self, generator: torch.Generator | None = None):
+        self.generator = generator  # for unseeded rows; None uses torch's default generator
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        if logits.dim() != 2 or logits.shape[0] != len(seqs):
+            raise ValueError(f"Sampler.sample: logits must be [len(seqs), vocab], got {tuple(logits.shape)} "
+                             f"for {len(seqs)} sequences")
+        device = logits.device
+        params = [s.params for s in seqs]
+        greedy = [i for i, p in enumerate(params) if p.greedy]
+        rand = [i for i, p in enumerate(params) if not p.greedy]
+        if not rand:
+            return logits.argmax(dim=-1)
+        out = torch.empty(len(seqs), dtype=torch.int64, device=device)
+        if greedy:
+            g = torch.tensor(greedy, device=device)
+            out[g] = logits[g].argmax(dim=-1)
+        r = torch.tensor(rand, device=device) if greedy else None
+        x = (logits if r is None else logits[r]).float()
+        rp = [params[i] for i in rand]
+        # The floor keeps logits / T finite for absurdly small temperatures (it is greedy in effect there).
+        temperature = torch.tensor([p.temperature for p in rp], device=device).clamp_min_(1e-5)
+        x = x / temperature.unsqueeze(1)
+        if any(p.top_k > 0 or p.top_p < 1 for p in rp):
+            x = _top_k_top_p(x, [p.top_k for p in rp], [p.top_p for p in rp])
+        probs = x.softmax(dim=-1)
+        if any(p.min_p > 0 for p in rp):
+            min_p = torch.tensor([p.min_p for p in rp], device=device).unsqueeze(1)
+            probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        out_r = (probs / self._exponentials(probs, [seqs[i] for i in rand])).argmax(dim=-1)
+        if r is None:
+            return out_r
+        out[r] = out_r
+        return out
+
+    def _exponentials(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        q = torch.empty_like(probs)
+        unseeded = [i for i, s in enumerate(seqs) if s.params.seed is None]
+        if len(unseeded) == len(seqs):
+            q.exponential_(generator=self.generator)
+        else:
+            if unseeded:
+                idx = torch.tensor(unseeded, device=probs.device)
+                q[idx] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_(
+                    generator=self.generator)
+            for i, s in enumerate(seqs):
+                if s.params.seed is not None:
+                    q[i].exponential_(generator=_seq_generator(s, probs.device))
+        # Exp(1) can return exactly 0; p/0 would be inf (or nan for p == 0, which argmax would pick).
+        return q.clamp_min_(torch.finfo(q.dtype).tiny)
+
+
+def _seq_generator(seq: Sequence, device: torch.device) -> torch.Generator:
+    if seq.generator is None:
+        seq.generator = torch.Generator(device=device).manual_seed(seq.params.seed)
+    return seq.generator
+
+
+def _top_k_top_p(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Set logits outside each row's top-k, then outside its top-p nucleus, to -inf (top_k 0 / top_p 1 = off)."""
+    vocab = x.shape[1]
+    device = x.device
+    sorted_x, order = x.sort(dim=-1, descending=True)
+    k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=device).unsqueeze(1)
+    sorted_x = sorted_x.masked_fill(torch.arange(vocab, device=device).unsqueeze(0) >= k, float("-inf"))
+    if any(p < 1 for p in top_p):
+        # 2.0 for rows with the filter off: rounding can push the cumulative sum past 1.0.
+        p = torch.tensor([p if p < 1 else 2.0 for p in top_p], device=device).unsqueeze(1)
+        probs = sorted_x.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop = mass_before >= p
+        drop[:, 0] = False  # the most likely token always survives
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+    return torch.full_like(x, float("-inf")).scatter(1, order, sorted_x)
