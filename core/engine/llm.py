@@ -16,6 +16,7 @@ from .model_runner import ModelRunner, kv_bytes_per_token
 from .outputs import RequestOutput, StepUpdate
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
+from .sequence import Sequence
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 
@@ -90,6 +91,23 @@ class LLM:
                 if u.finished:
                     order[u.request_id] = u.output
         return [order[i] for i in ids]
+
+    @torch.inference_mode()
+    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Next-token logits [len(token_ids), vocab] (fp32) at every position of ``token_ids``, computed
+        in one prefill through the paged KV cache. Call it while no requests are running."""
+        if self.engine.has_unfinished():
+            raise RuntimeError("prompt_logits needs an idle engine; finish or abort running requests first")
+        seq = Sequence(list(token_ids), SamplingParams(max_tokens=1))
+        if not self.block_manager.allocate(seq):
+            raise ValueError(f"{len(seq)} tokens do not fit in the KV cache; raise kv_cache_bytes")
+        try:
+            seq.num_computed_tokens = 0  # recompute prefix-cache hits too: every position's logits are wanted
+            ids, batch, _ = self.runner.build_batch([(seq, len(seq))])
+            hidden = self.model.forward(ids, batch, self.runner.kv_caches)
+            return self.model.logits(hidden)
+        finally:
+            self.block_manager.free(seq)
 
     def chat_prompt(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

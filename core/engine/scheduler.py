@@ -148,23 +148,23 @@ class Scheduler:
         reached the end of its tokens (and only those). Returns the sequences that finished."""
         if isinstance(scheduled, SchedulerOutput):
             scheduled = scheduled.scheduled
+        scheduled = [(seq, n) for seq, n in scheduled if not seq.is_finished]  # skip those aborted mid-step
+        for seq, n in scheduled:
+            end = seq.num_computed_tokens + n
+            if end > len(seq):
+                raise RuntimeError(f"Scheduler.update: {seq} was granted {n} tokens, past its end")
+            if (end == len(seq)) != (seq.seq_id in sampled):
+                raise RuntimeError(f"Scheduler.update: {seq} {'needs' if end == len(seq) else 'must not get'} a "
+                                   "sampled token (sample exactly the sequences whose chunk reaches their last token)")
         finished = []
         for seq, n in scheduled:
-            if seq.is_finished:  # aborted while the step ran
-                continue
             seq.num_computed_tokens += n
-            if seq.num_computed_tokens > len(seq):
-                raise RuntimeError(f"Scheduler.update: {seq} was granted {n} tokens, past its end")
             self.block_manager.mark_computed(seq)
-            token = sampled.get(seq.seq_id)
-            at_end = seq.num_computed_tokens == len(seq)
-            if at_end != (token is not None):
-                raise RuntimeError(f"Scheduler.update: {seq} {'needs' if at_end else 'must not get'} a sampled token "
-                                   "(sample exactly the sequences whose chunk reaches their last token)")
-            if token is None:
+            if seq.seq_id not in sampled:
                 continue
-            seq.output_token_ids.append(int(token))
-            reason = self._stop_reason(seq, int(token))
+            token = int(sampled[seq.seq_id])
+            seq.output_token_ids.append(token)
+            reason = self._stop_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)
                 finished.append(seq)

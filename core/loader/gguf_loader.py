@@ -1,0 +1,155 @@
+"""GGUF files (llama, qwen2, qwen3 dense) -> ModelConfig + HF-named weights.
+
+Q4_0 / Q4_1 / Q8_0 matrices stay in their blocks as QuantizedWeight unless ``dequantize`` is set;
+F32 / F16 / BF16 tensors become float tensors in the requested dtype; every other quantization type
+is dequantized with ``gguf.quants.dequantize`` (through fp32) and then cast to the requested dtype.
+
+llama-architecture files store the attn_q / attn_k rows permuted for llama.cpp's rotary layout
+(convert_hf_to_gguf.py permutes them); we undo that exactly as transformers does at GGUF load.
+For quantized weights the permutation reorders whole rows, so it is applied to the raw rows.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from engine.core.models.config import ModelConfig
+from engine.core.models.weights import QuantizedWeight, Weight
+
+from .errors import ModelLoadError
+from .gguf_file import field, require
+
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
+KEEP_QUANTIZED = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
+F32, F16, BF16 = 0, 1, 30
+
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+          "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+          "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_BLK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The HF-style name of a GGUF tensor name, or None for tensors the models do not use."""
+    m = _BLK.match(gguf_name)
+    if m:
+        part = _LAYER.get(m.group(2))
+        return f"model.layers.{m.group(1)}.{part}.{m.group(3)}" if part else None
+    base, _, kind = gguf_name.rpartition(".")
+    return f"{_TOP[base]}.{kind}" if base in _TOP and kind in ("weight", "bias") else None
+
+
+def gguf_config(reader, path: str) -> ModelConfig:
+    """ModelConfig from ``general.architecture`` and the ``{arch}.*`` metadata."""
+    arch = require(reader, "general.architecture", path)
+    if arch not in SUPPORTED_GGUF_ARCHS:
+        raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported; supported GGUF architectures: "
+                             f"{', '.join(SUPPORTED_GGUF_ARCHS)} (dense). For MoE models load an HF directory.")
+    if field(reader, f"{arch}.expert_count", 0):
+        raise ModelLoadError(f"{path}: MoE GGUF files are not supported; load the model's HF safetensors directory")
+
+    def get(key, default=None):
+        key = f"{arch}.{key}"
+        return field(reader, key, default) if default is not None else require(reader, key, path)
+
+    hidden, heads = get("embedding_length"), get("attention.head_count")
+    kv_heads = get("attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):
+        if len(set(kv_heads)) != 1:
+            raise ModelLoadError(f"{path}: per-layer KV head counts {sorted(set(kv_heads))} are not supported")
+        kv_heads = kv_heads[0]
+    head_dim = field(reader, f"{arch}.attention.key_length") or hidden // heads
+    rot = field(reader, f"{arch}.rope.dimension_count")
+    if rot is not None and rot != head_dim:
+        raise ModelLoadError(f"{path}: partial rotary ({rot} of {head_dim} head dims) is not supported")
+    names = {t.name for t in reader.tensors}
+    if "token_embd.weight" not in names:
+        raise ModelLoadError(f"{path} has no token_embd.weight tensor; the file is incomplete")
+    emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    return ModelConfig(
+        arch=arch, vocab_size=int(emb.shape[-1]), hidden_size=hidden, intermediate_size=get("feed_forward_length"),
+        num_layers=get("block_count"), num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        max_position=get("context_length"), rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(get("rope.freq_base", 10000.0)), rope_scaling=_rope_scaling(reader, arch),
+        tie_word_embeddings="output.weight" not in names, attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"))
+
+
+def _rope_scaling(reader, arch: str) -> dict | None:
+    """HF-style rope_scaling from ``{arch}.rope.scaling.*``; a ``rope_freqs`` tensor (Llama 3.1 style per-dimension
+    divisors of the inverse frequencies) becomes {"rope_type": "freq_factors", "freq_factors": [...]}."""
+    kind = field(reader, f"{arch}.rope.scaling.type")
+    factor = field(reader, f"{arch}.rope.scaling.factor") or field(reader, f"{arch}.rope.scale_linear")
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        return {"rope_type": "freq_factors", "freq_factors": np.asarray(freqs.data, dtype=np.float32).tolist()}
+    if kind in (None, "none") and not factor:
+        return None
+    kind = kind or "linear"
+    if kind not in ("linear", "yarn"):
+        raise ModelLoadError(f"GGUF rope scaling {kind!r} is not supported (linear and yarn are)")
+    out = {"rope_type": kind, "factor": float(factor or 1.0)}
+    orig = field(reader, f"{arch}.rope.scaling.original_context_length")
+    if orig:
+        out["original_max_position_embeddings"] = int(orig)
+    return out
+
+
+def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation (transformers' reverse_permute) on rows of ``w`` (any trailing dims)."""
+    rows = w.shape[0]
+    if rows % (2 * n_heads):
+        raise ModelLoadError(f"a q/k tensor of {rows} rows cannot be split into {n_heads} heads of rotary pairs")
+    order = torch.arange(rows).reshape(n_heads, rows // n_heads // 2, 2).transpose(1, 2).reshape(-1)
+    return w.index_select(0, order)  # a row gather: much cheaper than a strided copy of uint8 blocks
+
+
+def _tensor(t, dtype: torch.dtype, dequantize: bool) -> Weight:
+    import gguf
+
+    qtype = int(t.tensor_type)
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
+    if qtype in (F32, F16):
+        return torch.from_numpy(np.array(t.data)).reshape(shape).to(dtype)
+    if qtype == BF16:
+        return torch.from_numpy(np.array(t.data)).view(torch.bfloat16).reshape(shape).to(dtype)
+    if qtype in KEEP_QUANTIZED and len(shape) == 2 and not dequantize:
+        raw = torch.from_numpy(np.array(t.data, dtype=np.uint8)).reshape(shape[0], -1)
+        return QuantizedWeight(raw=raw, qtype=qtype, rows=shape[0], cols=shape[1])
+    values = gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType(qtype))
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape).to(dtype)
+
+
+def gguf_weights(reader, config: ModelConfig, dtype: torch.dtype, dequantize: bool) -> dict[str, Weight]:
+    """HF-named weights of a GGUF file (tensors the models do not use, like rope_freqs, are left out)."""
+    weights: dict[str, Weight] = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        w = _tensor(t, dtype, dequantize)
+        if config.arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
+            heads = config.num_heads if ".attn_q." in t.name else config.num_kv_heads
+            if isinstance(w, QuantizedWeight):
+                w = QuantizedWeight(unpermute_rows(w.raw, heads), w.qtype, w.rows, w.cols)
+            else:
+                w = unpermute_rows(w, heads)
+        weights[name] = w
+    return weights
+
+
+def load_gguf(path: str, dtype: torch.dtype, dequantize: bool):
+    """(config, weights, tokenizer) of the GGUF file at ``path``."""
+    from .gguf_file import open_gguf
+    from .gguf_tokenizer import gguf_tokenizer
+
+    reader = open_gguf(path)
+    config = gguf_config(reader, path)
+    tokenizer = gguf_tokenizer(reader, path)
+    return config, gguf_weights(reader, config, dtype, dequantize), tokenizer

@@ -1,0 +1,110 @@
+"""IncrementalDetokenizer against real tokenizers trained here: byte-level BPE (characters split over tokens)
+and a Metaspace (SentencePiece-style) one whose decoding of a token depends on what precedes it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from engine.core.engine.detokenizer import IncrementalDetokenizer
+
+CORPUS = [
+    "hello world, the café is naïve and the crème brûlée is sweet",
+    "你好世界 今天天气很好 我们去公园散步吧",
+    "emoji time 😀 🎉 🚀 👍🏽 and more text",
+    "Ελληνικά και русский текст, and some ascii too",
+]
+END = "<|end|>"
+
+
+@pytest.fixture(scope="module")
+def byte_bpe() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[END])
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    return tok
+
+
+def _random_text(n: int) -> str:
+    """Words from the corpus mixed with characters the tokenizer never saw (so they stay split into bytes)."""
+    words = " ".join(CORPUS).split()
+    parts = []
+    for _ in range(n):
+        r = random.random()
+        if r < 0.5:
+            parts.append(random.choice(words))
+        elif r < 0.7:
+            parts.append(chr(random.randint(0x4E00, 0x9FFF)))  # CJK: 3 bytes
+        elif r < 0.85:
+            parts.append(chr(random.randint(0x1F601, 0x1F64F)))  # emoji: 4 bytes
+        else:
+            parts.append(chr(random.randint(0xC0, 0x24F)))  # Latin with diacritics: 2 bytes
+        parts.append(random.choice([" ", "", "\n"]))
+    return "".join(parts)
+
+
+def _stream(tok, prompt_ids, output_ids, skip_special_tokens=True):
+    detok = IncrementalDetokenizer(tok, prompt_ids, skip_special_tokens)
+    deltas = [detok.add(t) for t in output_ids]
+    return detok, deltas
+
+
+def test_split_characters_are_emitted_whole(byte_bpe):
+    split_seen = False
+    for _ in range(30):
+        prompt = byte_bpe.encode(_random_text(random.randint(1, 8))).ids
+        out = byte_bpe.encode(_random_text(random.randint(1, 20))).ids
+        split_seen |= any("\ufffd" in byte_bpe.decode([t]) for t in out)
+        detok, deltas = _stream(byte_bpe, prompt, out)
+        assert all("\ufffd" not in d for d in deltas)
+        assert "".join(deltas) == detok.text == byte_bpe.decode(out)
+        assert "\ufffd" not in detok.text
+    assert split_seen, "no character spanned several tokens: the test would prove nothing"
+
+
+def test_empty_prompt_and_one_byte_at_a_time(byte_bpe):
+    text = "".join(chr(random.randint(0x1F601, 0x1F64F)) for _ in range(5))  # none of them in the corpus
+    out = byte_bpe.encode(text).ids
+    assert len(out) > len(text)
+    detok, deltas = _stream(byte_bpe, [], out)
+    assert [d for d in deltas if d] == list(text)  # each emoji appears once, when its last byte arrives
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_special_tokens(byte_bpe, skip):
+    end_id = byte_bpe.token_to_id(END)
+    out = byte_bpe.encode(_random_text(5)).ids + [end_id] + byte_bpe.encode(_random_text(3)).ids
+    detok, deltas = _stream(byte_bpe, byte_bpe.encode("hello").ids, out, skip_special_tokens=skip)
+    assert "".join(deltas) == byte_bpe.decode(out, skip_special_tokens=skip)
+    assert (END in detok.text) is not skip
+
+
+def test_flush_releases_an_incomplete_tail(byte_bpe):
+    ids = byte_bpe.encode("ok " + chr(random.randint(0x1F601, 0x1F64F))).ids
+    out = ids[:-1]  # generation stopped inside the emoji's bytes
+    detok, deltas = _stream(byte_bpe, [], out)
+    assert "\ufffd" not in detok.text
+    tail = detok.flush()
+    assert tail.endswith("\ufffd")
+    assert detok.text == byte_bpe.decode(out)
+
+
+def test_context_dependent_decoding():
+    """A Metaspace tokenizer drops the space before the first token it decodes; the prompt context keeps it."""
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(CORPUS[:1] * 20, trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]"]))
+    words = CORPUS[0].replace(",", "").split()
+    for _ in range(10):
+        prompt = tok.encode(" ".join(random.choices(words, k=random.randint(1, 9)))).ids
+        out = tok.encode(" ".join(random.choices(words, k=random.randint(1, 9)))).ids
+        detok, deltas = _stream(tok, prompt, out)
+        full, head = tok.decode(prompt + out), tok.decode(prompt)
+        assert "".join(deltas) == full[len(head):]
+        assert deltas[0].startswith(" ")  # token-by-token decoding would lose this space

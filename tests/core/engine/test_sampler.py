@@ -1,0 +1,155 @@
+"""Sampler: greedy, filters (top-k, top-p, min-p), the sampled distribution, and seeded reproducibility."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from engine.core.engine.sampler import Sampler
+from engine.core.engine.sampling_params import SamplingParams
+from engine.core.engine.sequence import Sequence
+
+DRAWS = 40_000
+
+
+def _seqs(n: int, **params) -> list[Sequence]:
+    p = SamplingParams(**params)
+    return [Sequence([1], p) for _ in range(n)]
+
+
+def _chi2_bound(df: int, z: float = 4.75) -> float:
+    """Upper chi-square quantile at about 1e-6 (Wilson-Hilferty), so a correct sampler fails ~never."""
+    a = 2 / (9 * df)
+    return df * (1 - a + z * math.sqrt(a)) ** 3
+
+
+def _assert_matches(tokens: torch.Tensor, probs: torch.Tensor) -> None:
+    """Sampled frequencies follow ``probs``; tokens with probability 0 never appear."""
+    counts = torch.bincount(tokens, minlength=probs.numel()).double()
+    support = probs > 0
+    assert counts[~support].sum() == 0, "sampled a filtered-out token"
+    expected = probs[support].double() * tokens.numel()
+    stat = ((counts[support] - expected) ** 2 / expected).sum().item()
+    df = int(support.sum()) - 1
+    if df > 0:
+        assert stat < _chi2_bound(df), f"chi-square {stat:.1f} with {df} dof"
+
+
+def _draw(logits_row: torch.Tensor, **params) -> torch.Tensor:
+    return Sampler().sample(logits_row.expand(DRAWS, -1).contiguous(), _seqs(DRAWS, **params))
+
+
+def test_greedy_rows_take_the_argmax_in_a_mixed_batch():
+    logits = torch.randn(64, 100)
+    seqs = [Sequence([1], SamplingParams(temperature=[0.0, 0.8][i % 2])) for i in range(64)]
+    out = Sampler().sample(logits, seqs)
+    assert out.dtype == torch.int64 and out.shape == (64,)
+    greedy = torch.tensor([s.params.greedy for s in seqs])
+    assert torch.equal(out[greedy], logits.argmax(-1)[greedy])
+    assert not torch.equal(out[~greedy], logits.argmax(-1)[~greedy])  # sampled rows are not all the argmax
+
+
+@pytest.mark.parametrize("params", [{"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}])
+def test_degenerate_filters_are_greedy(params):
+    logits = torch.randn(512, 200) * 3
+    out = Sampler().sample(logits, _seqs(512, temperature=1.5, **params))
+    assert torch.equal(out, logits.argmax(-1))
+
+
+def test_temperature_matches_softmax():
+    logits = torch.randn(8) * 2
+    t = random.uniform(0.5, 2.0)
+    _assert_matches(_draw(logits, temperature=t), torch.softmax(logits / t, -1))
+
+
+def test_top_k_samples_the_renormalised_top_k():
+    logits = torch.randn(12)
+    k = random.randint(2, 6)
+    probs = torch.softmax(logits, -1)
+    keep = torch.zeros(12, dtype=torch.bool)
+    keep[logits.topk(k).indices] = True
+    expected = torch.where(keep, probs, 0.0)
+    _assert_matches(_draw(logits, top_k=k), expected / expected.sum())
+
+
+def test_top_p_samples_the_smallest_nucleus():
+    logits = torch.randn(12) * 1.5
+    p = random.uniform(0.3, 0.9)
+    probs = torch.softmax(logits, -1)
+    order = probs.argsort(descending=True)
+    cum, keep = 0.0, torch.zeros(12, dtype=torch.bool)
+    for i in order.tolist():  # smallest set of most likely tokens whose mass reaches p
+        keep[i] = True
+        cum += probs[i].item()
+        if cum >= p:
+            break
+    expected = torch.where(keep, probs, 0.0)
+    _assert_matches(_draw(logits, top_p=p), expected / expected.sum())
+
+
+def test_min_p_excludes_unlikely_tokens():
+    logits = torch.randn(12) * 2
+    min_p = random.uniform(0.05, 0.5)
+    probs = torch.softmax(logits, -1)
+    expected = torch.where(probs >= min_p * probs.max(), probs, 0.0)
+    assert (expected == 0).any()
+    _assert_matches(_draw(logits, min_p=min_p), expected / expected.sum())
+
+
+def test_top_k_then_top_p_combined():
+    logits = torch.randn(12)
+    k, p = 5, random.uniform(0.4, 0.8)
+    top = logits.topk(k)
+    renorm = torch.softmax(top.values, -1)  # top-p acts on the renormalised top-k
+    n_keep = int((renorm.cumsum(-1) - renorm < p).sum())
+    expected = torch.zeros(12)
+    expected[top.indices[:n_keep]] = renorm[:n_keep]
+    _assert_matches(_draw(logits, top_k=k, top_p=p), expected / expected.sum())
+
+
+def test_per_row_params_in_one_batch():
+    """Rows with different settings in one batch each follow their own distribution."""
+    logits = torch.randn(10)
+    settings = [{"temperature": 0.7}, {"top_k": 3}, {"min_p": 0.2}, {"temperature": 0.0}]
+    seqs = [Sequence([1], SamplingParams(**settings[i % 4])) for i in range(4 * 10_000)]
+    out = Sampler().sample(logits.expand(len(seqs), -1).contiguous(), seqs)
+    probs = torch.softmax(logits, -1)
+    _assert_matches(out[0::4], torch.softmax(logits / 0.7, -1))
+    topk = torch.zeros(10, dtype=torch.bool)
+    topk[logits.topk(3).indices] = True
+    _assert_matches(out[1::4], torch.where(topk, probs, 0.0) / probs[topk].sum())
+    mp = torch.where(probs >= 0.2 * probs.max(), probs, 0.0)
+    _assert_matches(out[2::4], mp / mp.sum())
+    assert (out[3::4] == logits.argmax()).all()
+
+
+def test_seeded_requests_ignore_batch_composition():
+    vocab, steps = 50, 12
+    step_logits = [torch.randn(vocab) for _ in range(steps)]
+    seed = random.randrange(2**31)
+
+    def tokens(batch_of):  # the seeded request's tokens when batched with `batch_of(step)` other rows
+        me = Sequence([1], SamplingParams(seed=seed, top_p=0.9))
+        got = []
+        for i, row in enumerate(step_logits):
+            others = batch_of(i)
+            seqs = others[: i % (len(others) + 1)] + [me] + others[i % (len(others) + 1):]
+            logits = torch.randn(len(seqs), vocab)
+            logits[seqs.index(me)] = row
+            got.append(Sampler().sample(logits, seqs)[seqs.index(me)].item())
+        return got
+
+    alone = tokens(lambda i: [])
+    crowded = tokens(lambda i: [Sequence([1], SamplingParams(seed=random.randrange(99), temperature=0.5))
+                                for _ in range(i % 3)] + _seqs(5, temperature=1.2))
+    assert alone == crowded
+    other_seed = Sequence([1], SamplingParams(seed=seed + 1, top_p=0.9))
+    assert [Sampler().sample(r[None], [other_seed]).item() for r in step_logits] != alone
+
+
+def test_rejects_mismatched_batch():
+    with pytest.raises(ValueError, match="logits must be"):
+        Sampler().sample(torch.randn(3, 10), _seqs(2))
