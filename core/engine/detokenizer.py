@@ -26,7 +26,7 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Decoder, prompt_ids: list[int], skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self._ids = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self._ids = list(prompt_ids)[max(0, len(prompt_ids) - _CONTEXT_TOKENS):]
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self.text = ""

@@ -19,6 +19,7 @@ class LLMEngine:
         self.runner, self.scheduler, self.tokenizer = runner, scheduler, tokenizer
         self.max_model_len = max_model_len
         self.sampler = Sampler()
+        self.num_preemptions = 0  # total over the engine's life
         self._requests: dict[int, tuple[Sequence, IncrementalDetokenizer, RequestOutput]] = {}
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
@@ -45,6 +46,7 @@ class LLMEngine:
 
     def step(self) -> list[StepUpdate]:
         sched = self.scheduler.schedule()
+        self.num_preemptions += len(sched.preempted)
         if not sched.scheduled:
             return []
         logits, sampled_seqs = self.runner.run(sched.scheduled)

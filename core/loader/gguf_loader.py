@@ -63,7 +63,7 @@ def gguf_config(reader, path: str) -> ModelConfig:
         if len(set(kv_heads)) != 1:
             raise ModelLoadError(f"{path}: per-layer KV head counts {sorted(set(kv_heads))} are not supported")
         kv_heads = kv_heads[0]
-    head_dim = field(reader, f"{arch}.attention.key_length") or hidden // heads
+    head_dim = field(reader, f"{arch}.attention.key_length") or (hidden // heads if heads else 0)
     rot = field(reader, f"{arch}.rope.dimension_count")
     if rot is not None and rot != head_dim:
         raise ModelLoadError(f"{path}: partial rotary ({rot} of {head_dim} head dims) is not supported")

@@ -26,7 +26,7 @@ def read_json(path: str) -> dict:
     return data
 
 
-def _ids(value) -> list[int]:
+def as_id_list(value) -> list[int]:
     if value is None:
         return []
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
@@ -96,12 +96,12 @@ def _build(cfg: dict, arch: str) -> ModelConfig:
             moe["shared_expert_intermediate_size"] = int(cfg["shared_expert_intermediate_size"])
     if moe:
         moe["num_experts_per_tok"] = int(cfg["num_experts_per_tok"])
-    eos = _ids(cfg.get("eos_token_id"))
+    eos = as_id_list(cfg.get("eos_token_id"))
     return ModelConfig(
         arch=arch, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
         intermediate_size=int(cfg.get("intermediate_size") or 0), num_layers=int(cfg["num_hidden_layers"]),
         num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        head_dim=int(cfg.get("head_dim") or (hidden // heads if heads else 0)),
         max_position=int(cfg.get("max_position_embeddings", 4096)), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta, rope_scaling=scaling, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=attention_bias, qk_norm=arch in ("qwen3", "qwen3_moe"),

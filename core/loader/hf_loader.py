@@ -14,7 +14,7 @@ def load_hf(model_dir: str, dtype: torch.dtype):
     writes them; a tied checkpoint's stored lm_head.weight and old rotary inv_freq buffers are dropped."""
     config = hf_config(model_dir)
     files = safetensors_files(model_dir)
-    tokenizer = hf_tokenizer(model_dir, config.eos_token_ids, config.bos_token_id)
+    tokenizer = hf_tokenizer(model_dir, config.eos_token_ids)
     weights = load_safetensors(files, dtype)
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)

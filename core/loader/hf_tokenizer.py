@@ -7,7 +7,7 @@ import os
 import tokenizers
 
 from .errors import ModelLoadError
-from .hf_config import _ids, read_json
+from .hf_config import as_id_list, read_json
 from .tokenizer import Tokenizer
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -33,7 +33,7 @@ def _chat_template(model_dir: str, tok_cfg: dict) -> str | None:
     return template or None
 
 
-def hf_tokenizer(model_dir: str, config_eos: list[int], config_bos: int | None) -> Tokenizer:
+def hf_tokenizer(model_dir: str, config_eos: list[int]) -> Tokenizer:
     """Tokenizer from ``model_dir``; EOS ids gather tokenizer_config's eos_token, config.json's and
     generation_config.json's eos_token_id (the latter lists every stop token of chat models)."""
     path = os.path.join(model_dir, "tokenizer.json")
@@ -54,11 +54,8 @@ def hf_tokenizer(model_dir: str, config_eos: list[int], config_bos: int | None) 
         return raw.token_to_id(text) if text else None
 
     gen_path = os.path.join(model_dir, "generation_config.json")
-    gen_eos = _ids(read_json(gen_path).get("eos_token_id")) if os.path.isfile(gen_path) else []
+    gen_eos = as_id_list(read_json(gen_path).get("eos_token_id")) if os.path.isfile(gen_path) else []
     n = raw.get_vocab_size(with_added_tokens=True)
     eos = {i for i in [token_id("eos_token"), *config_eos, *gen_eos] if i is not None and 0 <= i < n}
-    bos = token_id("bos_token")
-    if bos is None and config_bos is not None and 0 <= config_bos < n:
-        bos = config_bos
-    return Tokenizer(raw, bos_token_id=bos, eos_token_ids=eos, chat_template=_chat_template(model_dir, tok_cfg),
-                     special_tokens=specials)
+    return Tokenizer(raw, bos_token_id=token_id("bos_token"), eos_token_ids=eos,
+                     chat_template=_chat_template(model_dir, tok_cfg), special_tokens=specials)

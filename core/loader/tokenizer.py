@@ -32,11 +32,6 @@ class Tokenizer:
         return self.raw.get_vocab_size(with_added_tokens=True)
 
     @property
-    def eos_token_id(self) -> int | None:
-        """The primary EOS id (the smallest of ``eos_token_ids``), or None."""
-        return min(self.eos_token_ids) if self.eos_token_ids else None
-
-    @property
     def all_special_ids(self) -> list[int]:
         """Ids of the added tokens marked special, plus BOS and EOS: what decode(skip_special_tokens=True) drops."""
         ids = {i for i, tok in self.raw.get_added_tokens_decoder().items() if tok.special}

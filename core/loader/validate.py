@@ -53,6 +53,25 @@ def _mlp_shapes(c: ModelConfig, i: int, p: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def check_config(c: ModelConfig, source: str) -> None:
+    """ModelLoadError when the config's sizes are not positive integers or do not fit together."""
+    sizes = {"vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "num_layers": c.num_layers,
+             "num_heads": c.num_heads, "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+             "max_position": c.max_position}
+    if not c.is_moe or c.mlp_only_layers or c.decoder_sparse_step > 1:
+        sizes["intermediate_size"] = c.intermediate_size
+    if c.is_moe:
+        sizes |= {"num_experts_per_tok": c.num_experts_per_tok, "moe_intermediate_size": c.moe_intermediate_size}
+    bad = [f"{k}={v!r}" for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v <= 0]
+    if bad:
+        raise ModelLoadError(f"{source}: the model config has invalid sizes ({', '.join(bad)}); the file is "
+                             "corrupted or not a model this loader reads")
+    if c.num_heads % c.num_kv_heads:
+        raise ModelLoadError(f"{source}: {c.num_heads} attention heads cannot be shared by {c.num_kv_heads} KV heads")
+    if c.num_experts_per_tok > c.num_experts:
+        raise ModelLoadError(f"{source}: {c.num_experts_per_tok} experts per token but only {c.num_experts} experts")
+
+
 def check_weights(config: ModelConfig, weights: dict[str, Weight], source: str) -> None:
     """ModelLoadError naming the first missing or misshapen weights; extra weights (e.g. o_proj.bias) pass."""
     expected = expected_shapes(config)

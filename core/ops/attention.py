@@ -47,6 +47,8 @@ def paged_decode_core(q, key_cache, value_cache, block_tables, seq_lens, scale):
     s = torch.einsum("bhgd,blhd->bhgl", q.float().view(b, hk, hq // hk, d), k) * scale
     valid = torch.arange(k.shape[1], device=q.device)[None, :] < seq_lens.long()[:, None]  # [B, L]
     p = s.masked_fill(~valid[:, None, None, :], float("-inf")).softmax(-1)
+    # Slots past seq_len hold whatever the cache held (NaN bit patterns included): 0 * NaN is NaN, so zero them.
+    v = torch.where(valid[:, :, None, None], v, 0.0)
     return torch.einsum("bhgl,blhd->bhgd", p, v).reshape(b, hq, v.shape[-1]).to(q.dtype)
 
 

@@ -157,7 +157,7 @@ def test_preemption_recomputes_and_matches_unpreempted_run():
     tight, preempted = go(9)  # 4 sequences of up to 30 tokens need up to 32 blocks
     assert not none and preempted
     assert any(s.num_preemptions for s in tight)
-    for a, b in zip(roomy, tight):
+    for a, b in zip(roomy, tight, strict=True):
         assert a.output_token_ids == b.output_token_ids
         assert len(b.output_token_ids) == params.max_tokens and b.finish_reason == "length"
 

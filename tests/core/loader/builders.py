@@ -86,7 +86,7 @@ def write_gguf(path: Path, arch: str, state_dict: dict[str, torch.Tensor], cfg, 
         w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
     if rope_scaling:
-        w.add_rope_scaling_type(rope_scaling["rope_type"])
+        w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling["rope_type"]))
         w.add_rope_scaling_factor(rope_scaling["factor"])
     w.add_tokenizer_model(tokenizer["model"])
     if "pre" in tokenizer:
@@ -139,7 +139,7 @@ def save_hf_tokenizer(model_dir: Path, chat_template: str | None = CHATML, bos_i
         tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
                                                            special_tokens=[(bos, tok.token_to_id(bos))])
     tok.save(str(model_dir / "tokenizer.json"))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": {"content": eos},
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
            "unk_token": None, "pad_token": "<|endoftext|>", "model_max_length": 2048}
     if chat_template:
         cfg["chat_template"] = chat_template

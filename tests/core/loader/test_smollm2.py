@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
-import regex
 import torch
 
 from engine.core.loader import ModelLoadError, default_model_path, load_checkpoint
@@ -13,7 +13,7 @@ from engine.core.models.weights import QuantizedWeight
 from tests.core.loader.builders import VARIED_TEXTS
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
+regex = pytest.importorskip("regex")  # a transformers dependency: \p{N} like llama.cpp
 
 MESSAGES = [
     [{"role": "user", "content": "What is 2+2?"}],
@@ -31,7 +31,8 @@ def _model_path() -> str:
 
 @pytest.fixture(scope="module")
 def ckpt():
-    return load_checkpoint(_model_path())
+    _model_path()  # skips when the package is missing
+    return load_checkpoint()  # None: the built-in default model
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +47,23 @@ def hf_tok():
 
 
 @pytest.fixture(scope="module")
-def hf_state():
+def hf_model():
+    """(state dict, config) of transformers' fp32 load of the file: the slowest fixture (~20 s), so loaded once."""
+    import gguf
+
     path = _model_path()
     transformers.logging.set_verbosity_error()
-    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
-                                                              gguf_file=os.path.basename(path))
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with pytest.MonkeyPatch.context() as mp:
+        # transformers rebuilds gguf's (pure) tensor-name table once per submodule, ~400 times: memoise it.
+        mp.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+        model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
+                                                                  gguf_file=os.path.basename(path))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, model.config
+
+
+@pytest.fixture(scope="module")
+def hf_state(hf_model):
+    return hf_model[0]
 
 
 def test_default_path_points_at_the_packaged_gguf():
@@ -70,9 +82,8 @@ def test_config_matches_the_published_facts(ckpt):
     assert ckpt.format == "gguf" and ckpt.source == _model_path()
 
 
-def test_config_matches_transformers(ckpt):
-    path = _model_path()
-    hf = transformers.AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+def test_config_matches_transformers(ckpt, hf_model):
+    hf = hf_model[1]
     c = ckpt.config
     assert c.rms_norm_eps == pytest.approx(hf.rms_norm_eps, rel=1e-6)
     assert (c.hidden_size, c.intermediate_size, c.num_layers) == (hf.hidden_size, hf.intermediate_size,
@@ -115,11 +126,6 @@ def test_raw_rows_unpermuted_like_the_dequantized_ones(ckpt, ckpt_deq):
         torch.testing.assert_close(got, ckpt_deq.weights[name], rtol=0, atol=1e-6)
 
 
-def test_dtype_conversion_covers_norms_and_dequantized_weights():
-    ck = load_checkpoint(_model_path(), dtype=torch.bfloat16, dequantize=True)
-    assert {w.dtype for w in ck.weights.values()} == {torch.bfloat16}
-
-
 def _digit_pieces(text: str) -> list[str]:
     return [p for p in regex.split(r"(\p{N})", text) if p]
 
@@ -134,7 +140,7 @@ def test_tokenizer_matches_transformers(ckpt, hf_tok):
     for text in texts:
         ids = tok.encode(text)
         assert ids == [i for p in _digit_pieces(text) for i in hf_tok.encode(p)], text
-        if not regex.search(r"\s\s\p{N}|\s\p{N}[^\p{N}]", text):
+        if not regex.search(r"\s{2,}\p{N}|\s(?![0-9])\p{N}", text):  # no whitespace run / non-ASCII numeral
             assert ids == hf_tok.encode(text), text
         for skip in (True, False):
             assert tok.decode(ids, skip_special_tokens=skip) == hf_tok.decode(ids, skip_special_tokens=skip)

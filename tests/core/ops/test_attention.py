@@ -172,3 +172,24 @@ def test_bad_inputs(gen):
 def test_opcheck(op, gen):
     """torch.library.opcheck: schema, fake impl vs real outputs, tracing with dynamic shapes."""
     torch.library.opcheck(op.torch_op, op.make_inputs(op.cases[0].params, torch.float32, "cpu", gen))
+
+
+def test_decode_ignores_non_finite_garbage_past_seq_len():
+    """A fresh KV cache is uninitialised memory: NaN/inf in slots past seq_len must not reach the output."""
+    gen = torch.Generator().manual_seed(random.getrandbits(32))
+    b, hq, hk, d, bs = 3, 4, 2, 16, 8
+    lens = [5, 8, 13]
+    kc = torch.randn(6, bs, hk, d, generator=gen)
+    vc = torch.randn(6, bs, hk, d, generator=gen)
+    tables = torch.tensor([[0, 5], [1, 4], [2, 3]], dtype=torch.int32)  # 4 and 5 are unused table entries
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(b, hq, d, generator=gen)
+    clean = decode(q, kc, vc, tables, seq_lens, d ** -0.5)
+    for i, n in enumerate(lens):
+        for pos in range(n, tables.shape[1] * bs):
+            blk = tables[i, pos // bs].item()
+            kc[blk, pos % bs] = float("nan")
+            vc[blk, pos % bs] = float("inf")
+    poisoned = decode(q, kc, vc, tables, seq_lens, d ** -0.5)
+    assert torch.isfinite(poisoned).all()
+    torch.testing.assert_close(poisoned, clean)
