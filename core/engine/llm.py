@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence as SequenceABC
 
 import torch
 
@@ -79,7 +80,7 @@ class LLM:
         while self.engine.has_unfinished():
             yield from self.engine.step()
 
-    def generate(self, prompts: str | Sequence, sampling_params=None) -> list[RequestOutput]:
+    def generate(self, prompts: str | SequenceABC, sampling_params=None) -> list[RequestOutput]:
         """Complete each prompt (a string or a list of token ids); outputs are in the prompts' order."""
         prompts = [prompts] if isinstance(prompts, str) or _is_token_list(prompts) else list(prompts)
         order: dict[str, RequestOutput] = {}

@@ -63,6 +63,8 @@ class LLMEngine:
         out.token_ids.append(token)
         out.num_cached_tokens = max(out.num_cached_tokens, seq.num_cached_tokens)
         delta = "" if token in seq.params.stop_token_ids else detok.add(token)
+        if seq.is_finished:
+            delta += detok.flush()  # a character whose bytes never completed
         text = out.text + delta
         stop_at = self._find_stop(text, len(out.text), seq.params.stop)
         if stop_at is not None and not seq.is_finished:

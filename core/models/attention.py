@@ -22,7 +22,7 @@ class SelfAttention:
         self.cos_sin = cos_sin_cache
         p = prefix + "self_attn."
         self.q, self.k, self.v, self.o = (w[p + n + "_proj.weight"] for n in "qkvo")
-        self.q_bias, self.k_bias, self.v_bias = (w.get(p + n + "_proj.bias") for n in "qkv")
+        self.q_bias, self.k_bias, self.v_bias, self.o_bias = (w.get(p + n + "_proj.bias") for n in "qkvo")
         self.q_norm, self.k_norm = w.get(p + "q_norm.weight"), w.get(p + "k_norm.weight")
         if cfg.qk_norm and (self.q_norm is None or self.k_norm is None):
             raise ValueError(f"{p}q_norm / k_norm weights are missing but the config asks for q/k norm")
@@ -43,4 +43,4 @@ class SelfAttention:
         else:
             o = paged_attention_prefill(q, key_cache, value_cache, batch.block_tables, batch.cu_seqlens_q,
                                         batch.seq_lens, self.scale)
-        return linear(o.reshape(t, self.h * self.d), self.o)
+        return linear(o.reshape(t, self.h * self.d), self.o, self.o_bias)

@@ -19,6 +19,7 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attenti
 
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(intermediate_size=96, rope_theta=10000.0)),
+    "llama-bias": ("LlamaConfig", "LlamaForCausalLM", dict(intermediate_size=96, attention_bias=True)),
     "llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(
         intermediate_size=96, rope_theta=500000.0,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
