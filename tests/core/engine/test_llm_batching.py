@@ -13,17 +13,17 @@ PROMPTS = [
     "Water boils at a temperature of",
     "In 1969, the first humans to walk on the Moon were",
 ]
-GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def alone():
-    llm = LLM(kv_cache_bytes=256 << 20, enable_prefix_caching=False)
+    llm = LLM(kv_cache_bytes=64 << 20, enable_prefix_caching=False)
     return [llm.generate(p, GREEDY)[0].token_ids for p in PROMPTS]
 
 
 def test_batch_of_mixed_lengths_matches_each_alone(alone):
-    llm = LLM(kv_cache_bytes=256 << 20, max_num_batched_tokens=32)  # small budget: prefills are chunked
+    llm = LLM(kv_cache_bytes=64 << 20, max_num_batched_tokens=32)  # small budget: prefills are chunked
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == alone
 
@@ -37,7 +37,7 @@ def test_preemption_under_a_small_kv_cache_gives_the_same_tokens(alone):
 
 
 def test_prefix_cache_hits_give_the_same_tokens(alone):
-    llm = LLM(kv_cache_bytes=256 << 20, block_size=4)
+    llm = LLM(kv_cache_bytes=64 << 20, block_size=4)
     first = llm.generate(PROMPTS, GREEDY)
     again = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in first] == alone
