@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .detokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
 from .outputs import RequestOutput, StepUpdate
@@ -9,6 +11,15 @@ from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    out: RequestOutput
+    full: str = ""  # all text decoded so far, before any stop-string cut
+    emitted: int = 0  # characters already streamed
 
 
 class LLMEngine:
@@ -20,7 +31,7 @@ class LLMEngine:
         self.max_model_len = max_model_len
         self.sampler = Sampler()
         self.num_preemptions = 0  # total over the engine's life
-        self._requests: dict[int, tuple[Sequence, IncrementalDetokenizer, RequestOutput]] = {}
+        self._requests: dict[int, _Request] = {}
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
                     request_id: str | None = None) -> str:
@@ -38,7 +49,7 @@ class LLMEngine:
         detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
         out = RequestOutput(seq.request_id, prompt, list(prompt_token_ids))
         self.scheduler.add(seq)
-        self._requests[seq.seq_id] = (seq, detok, out)
+        self._requests[seq.seq_id] = _Request(seq, detok, out)
         return seq.request_id
 
     def has_unfinished(self) -> bool:
@@ -59,20 +70,24 @@ class LLMEngine:
         return updates
 
     def _advance(self, seq: Sequence, token: int) -> StepUpdate:
-        _, detok, out = self._requests[seq.seq_id]
+        req = self._requests[seq.seq_id]
+        out, stops = req.out, seq.params.stop
         out.token_ids.append(token)
         out.num_cached_tokens = max(out.num_cached_tokens, seq.num_cached_tokens)
-        delta = "" if token in seq.params.stop_token_ids else detok.add(token)
+        old_len = len(req.full)
+        if token not in seq.params.stop_token_ids:
+            req.full += req.detok.add(token)
         if seq.is_finished:
-            delta += detok.flush()  # a character whose bytes never completed
-        text = out.text + delta
-        stop_at = self._find_stop(text, len(out.text), seq.params.stop)
+            req.full += req.detok.flush()  # a character whose bytes never completed
+        stop_at = self._find_stop(req.full, old_len, stops)
+        text = req.full if stop_at is None else req.full[:stop_at]
         if stop_at is not None and not seq.is_finished:
-            delta = text[len(out.text):stop_at] if stop_at > len(out.text) else ""
-            text = text[:stop_at]
             self.scheduler.finish(seq, "stop")
-        elif stop_at is not None:
-            delta, text = text[len(out.text):stop_at], text[:stop_at]
+        # While running, hold back a tail that could be the start of a stop string, so streamed text never
+        # shows part of one; at the end, release everything up to the cut.
+        hold = 0 if seq.is_finished or not stops else max(len(x) for x in stops) - 1
+        upto = max(req.emitted, len(text) - hold)
+        delta, req.emitted = text[req.emitted:upto], upto
         out.text = text
         if seq.is_finished:
             out.finish_reason = seq.finish_reason

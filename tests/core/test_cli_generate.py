@@ -1,0 +1,44 @@
+"""``engine generate`` as a user runs it: arguments, stdin, a prompts file, and clear errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.plugin_helpers import REPO, run_engine
+
+
+def test_generate_answers_a_question_with_the_default_model():
+    proc = run_engine(["generate", "--max-tokens", "12", "What is the capital of France?"])
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+
+
+def test_prompts_from_stdin_and_from_a_file(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "ENGINE_PLATFORM"}
+    proc = subprocess.run([sys.executable, "-m", "engine.core.cli", "generate", "--max-tokens", "8"],
+                          input="What is the capital of France?\n", capture_output=True, text=True, cwd=REPO,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    f = tmp_path / "prompts.txt"
+    f.write_text("What is the capital of France?\n\nName a color.\n")
+    proc = run_engine(["generate", "--max-tokens", "8", "--file", str(f)])
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.split("=== [1] Name a color.\n")
+    assert first.startswith("=== [0] What is the capital of France?\n") and "Paris" in first
+    assert second.strip(), "the second prompt got no answer"
+
+
+def test_errors_are_one_clear_line():
+    cases = [
+        (["generate", "--model", "/nope/model.gguf", "hi"], "/nope/model.gguf"),
+        (["generate", "--temperature", "-1", "hi"], "temperature must be >= 0"),
+        (["generate", "--platform", "cpux", "hi"], "Did you mean 'cpu'"),
+        (["generate", "--no-chat", "word " * 9000], "but the context holds 8192"),
+    ]
+    for args, message in cases:
+        proc = run_engine(args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
