@@ -11,6 +11,7 @@
 #include "gguf_dequant.h"
 #include "isa.h"
 #include "rms_norm.h"
+#include "thread_pool.h"
 
 namespace py = pybind11;
 using namespace engine_cpu;
@@ -39,8 +40,12 @@ std::vector<std::string> supported_isa_names() {
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Native CPU kernels (runtime ISA dispatch; raw pointers, no libtorch).";
   init_isa_from_env();
+  num_threads();  // validates ENGINE_NUM_THREADS now, so a bad value fails at import with its message
   m.attr("DTYPE_F32") = static_cast<int>(DType::F32);
   m.attr("DTYPE_BF16") = static_cast<int>(DType::BF16);
+
+  m.def("num_threads", &num_threads, "Threads the native kernels use (ENGINE_NUM_THREADS, default: all CPUs).");
+  m.def("set_num_threads", &set_num_threads, py::arg("n"), "Use n >= 1 threads from now on.");
 
   m.def("isa", []() { return std::string(isa_name(current_isa())); }, "The ISA variant in use now.");
   m.def("supported_isas", &supported_isa_names,

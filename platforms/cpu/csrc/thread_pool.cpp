@@ -1,0 +1,144 @@
+// Persistent pool: workers spin briefly on a generation counter (a decode step issues hundreds of
+// short kernels, and a condition-variable wake-up per kernel would cost more than the kernel), then
+// sleep on a condition variable when idle.
+#include "thread_pool.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace engine_cpu {
+namespace {
+
+int default_threads() {
+  if (const char* env = std::getenv("ENGINE_NUM_THREADS")) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    if (end == env || *end != '\0' || v < 1)
+      throw std::invalid_argument(std::string("ENGINE_NUM_THREADS must be a whole number >= 1, got '") + env + "'");
+    return static_cast<int>(v);
+  }
+#ifdef __linux__
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+class Pool {
+ public:
+  explicit Pool(int n) { start(n); }
+  ~Pool() { stop(); }
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void resize(int n) {
+    stop();
+    start(n);
+  }
+
+  void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+    int64_t chunks = std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)));
+    if (chunks <= 1 || in_parallel_) {
+      fn(0, n);
+      return;
+    }
+    std::lock_guard<std::mutex> one_at_a_time(run_mutex_);
+    fn_ = &fn;
+    n_ = n;
+    chunks_ = chunks;
+    pending_.store(chunks - 1, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lk(mutex_);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    in_parallel_ = true;
+    do_chunk(0);
+    in_parallel_ = false;
+    while (pending_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    fn_ = nullptr;
+  }
+
+ private:
+  void do_chunk(int64_t c) {
+    int64_t begin = n_ * c / chunks_, end = n_ * (c + 1) / chunks_;
+    if (begin < end) (*fn_)(begin, end);
+  }
+
+  void worker(int index) {
+    uint64_t seen = generation_.load(std::memory_order_acquire);
+    in_parallel_ = true;
+    for (;;) {
+      uint64_t g = seen;
+      for (int spin = 0; spin < 20000 && (g = generation_.load(std::memory_order_acquire)) == seen; ++spin) {
+        if (quit_.load(std::memory_order_relaxed)) return;
+      }
+      if (g == seen) {
+        std::unique_lock<std::mutex> lk(mutex_);
+        cv_.wait(lk, [&] { return quit_.load() || generation_.load() != seen; });
+        if (quit_.load()) return;
+        g = generation_.load(std::memory_order_acquire);
+      }
+      seen = g;
+      if (index < chunks_) {
+        do_chunk(index);
+        pending_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    }
+  }
+
+  void start(int n) {
+    if (n < 1) throw std::invalid_argument("number of threads must be >= 1, got " + std::to_string(n));
+    quit_.store(false);
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { worker(i); });
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(mutex_);
+      quit_.store(true);
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex run_mutex_, mutex_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int64_t> pending_{0};
+  std::atomic<bool> quit_{false};
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0, chunks_ = 0;
+  static thread_local bool in_parallel_;
+};
+
+thread_local bool Pool::in_parallel_ = false;
+
+Pool& pool() {
+  static Pool p(default_threads());
+  return p;
+}
+
+}  // namespace
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  pool().run(n, grain, fn);
+}
+
+int num_threads() { return pool().size(); }
+
+void set_num_threads(int n) { pool().resize(n); }
+
+}  // namespace engine_cpu
