@@ -7,9 +7,9 @@ conformance cases and a tolerance per dtype. Platforms add implementations to a
 ``supports(*args)`` accepts the arguments, else to the reference.
 
 ``supports`` contract: it returns ``True`` when the implementation handles these arguments,
-otherwise ``False`` or a short string saying why not. It may look at dtypes, devices, the
-sizes of every dimension but the first (the token/batch dimension), contiguity, and non-float
-scalar arguments; the choice is cached on exactly those, so it must not depend on anything else.
+otherwise ``False`` or a short string saying why not. It may look at dtypes, devices, shapes,
+contiguity and non-float scalar arguments; the choice is cached on exactly those, so it must not
+depend on anything else (not on values, not on strides beyond contiguity).
 """
 
 from __future__ import annotations
@@ -112,11 +112,12 @@ class Skipped:
 
 
 OPS: dict[str, OpDef] = {}
+_MAX_CACHED_CHOICES = 1 << 14
 
 
 def _key_part(a):
     if isinstance(a, torch.Tensor):
-        return (a.dtype, a.device.type, tuple(a.shape[1:]), a.dim(), a.is_contiguous())
+        return (a.dtype, a.device, a.shape, a.is_contiguous())
     if isinstance(a, (str, bool, int, torch.dtype)) or a is None:
         return a
     if isinstance(a, (list, tuple)):
@@ -163,9 +164,11 @@ class KernelRegistry:
         return [s for s in self._skipped if name is None or s.op == name]
 
     def select(self, op: OpDef, args) -> Impl:
-        key = (op.name, tuple(_key_part(a) for a in args))
+        key = (op.name, *map(_key_part, args))
         impl = self._cache.get(key)
         if impl is None:
+            if len(self._cache) > _MAX_CACHED_CHOICES:  # many distinct token counts: start over
+                self._cache.clear()
             impl = next((i for i in self._impls.get(op.name, ()) if i.verdict(args) is None),
                         op.reference_impl)
             self._cache[key] = impl
