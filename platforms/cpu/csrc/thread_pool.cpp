@@ -75,8 +75,9 @@ class Pool {
     if (begin < end) (*fn_)(begin, end);
   }
 
-  void worker(int index) {
-    uint64_t seen = generation_.load(std::memory_order_acquire);
+  // `seen` is the generation when the pool started the thread: a thread scheduled late must still
+  // take part in work published after its creation.
+  void worker(int index, uint64_t seen) {
     in_parallel_ = true;
     for (;;) {
       uint64_t g = seen;
@@ -100,7 +101,8 @@ class Pool {
   void start(int n) {
     if (n < 1) throw std::invalid_argument("number of threads must be >= 1, got " + std::to_string(n));
     quit_.store(false);
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { worker(i); });
+    const uint64_t g = generation_.load(std::memory_order_acquire);
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i, g] { worker(i, g); });
   }
 
   void stop() {

@@ -1,0 +1,12 @@
+# Cross-compile the native CPU kernels for RISC-V 64 with RVV 1.0 (clang-19: gcc 12 has no riscv_vector.h)
+# and run their tests under qemu with a 256-bit vector length.
+set(CMAKE_SYSTEM_NAME Linux)
+set(CMAKE_SYSTEM_PROCESSOR riscv64)
+set(CMAKE_C_COMPILER clang-19)
+set(CMAKE_CXX_COMPILER clang++-19)
+set(CMAKE_C_COMPILER_TARGET riscv64-linux-gnu)
+set(CMAKE_CXX_COMPILER_TARGET riscv64-linux-gnu)
+set(ENGINE_ARCH_FLAGS "-march=rv64gcv_zfh")
+set(CMAKE_EXE_LINKER_FLAGS_INIT "-fuse-ld=lld")
+set(CMAKE_CROSSCOMPILING_EMULATOR qemu-riscv64 -cpu rv64,v=true,vlen=256,vext_spec=v1.0,Zfh=true -L /usr/riscv64-linux-gnu)
+set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
