@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.plugin_helpers import REPO
 
@@ -18,3 +20,11 @@ def acme_site(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(site), str(REPO / "examples" / "acme-plugin")], check=True)
     return site
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A torch.Generator with a fresh seed each run (printed, so pytest shows it when a test fails)."""
+    seed = random.SystemRandom().randrange(2**31)
+    print(f"generator seed {seed}")
+    return torch.Generator().manual_seed(seed)

@@ -1,6 +1,5 @@
 """silu_and_mul: reference vs the elementwise formula in float64; fake shapes; torch.ops path; errors."""
 
-import random
 
 import pytest
 import torch
@@ -9,13 +8,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from engine.core.ops.activation import silu_and_mul as op
 
 PARAMS = [pytest.param(c, dt, id=f"{c.name}-{str(dt)[6:]}") for c in op.cases for dt in op.dtypes]
-
-
-@pytest.fixture
-def gen():
-    seed = random.SystemRandom().randrange(2**31)
-    print(f"generator seed {seed}")  # shown by pytest when the test fails
-    return torch.Generator().manual_seed(seed)
 
 
 @pytest.mark.parametrize("case,dtype", PARAMS)

@@ -16,13 +16,6 @@ def _params(op):
     return [pytest.param(c, dt, id=f"{c.name}-{str(dt)[6:]}") for c in op.cases for dt in op.dtypes]
 
 
-@pytest.fixture
-def gen():
-    seed = random.SystemRandom().randrange(2**31)
-    print(f"generator seed {seed}")
-    return torch.Generator().manual_seed(seed)
-
-
 def _contiguous_kv(cache, table_row, n):
     """The first n tokens of one sequence, gathered token by token: [n, Hk, D] float64."""
     bs = cache.shape[1]

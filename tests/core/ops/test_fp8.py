@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import random
 
 import numpy as np
 import pytest
@@ -13,13 +12,6 @@ from engine.core.ops import fp8
 
 DTYPES = [torch.float32, torch.bfloat16]
 FP8 = list(fp8.FP8_DTYPES.values())
-
-
-@pytest.fixture
-def gen():
-    seed = random.randrange(2**31)
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def _block_loop(x_q, x_scale, w_q, w_scale, bias, per_row_w: bool):

@@ -1,7 +1,6 @@
 """gguf_dequantize / gguf_linear references vs the gguf package's numpy dequantizer (bit-exact in fp32)
 and a float64 matmul; the input generator; fake shapes; the torch.ops path; errors."""
 
-import random
 
 import gguf
 import numpy as np
@@ -25,13 +24,6 @@ DEQ_PARAMS = [pytest.param(c, dt, id=f"{c.name}-{str(dt)[6:]}") for c in gguf_de
               for dt in gguf_dequantize.dtypes]
 LIN_PARAMS = [pytest.param(c, dt, id=f"{c.name}-{str(dt)[6:]}") for c in gguf_linear.cases
               for dt in gguf_linear.dtypes]
-
-
-@pytest.fixture
-def gen():
-    seed = random.SystemRandom().randrange(2**31)
-    print(f"generator seed {seed}")  # shown by pytest when the test fails
-    return torch.Generator().manual_seed(seed)
 
 
 def numpy_dequant(raw: torch.Tensor, qtype: int) -> torch.Tensor:

@@ -1,6 +1,5 @@
 """write_kv_cache: reference vs a per-token Python loop; inputs; fake; torch.ops path; errors."""
 
-import random
 
 import pytest
 import torch
@@ -9,13 +8,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from engine.core.ops.kv_cache import write_kv_cache as op
 
 PARAMS = [pytest.param(c, dt, id=f"{c.name}-{str(dt)[6:]}") for c in op.cases for dt in op.dtypes]
-
-
-@pytest.fixture
-def gen():
-    seed = random.SystemRandom().randrange(2**31)
-    print(f"generator seed {seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def _loop_write(key, value, key_cache, value_cache, slot_mapping):

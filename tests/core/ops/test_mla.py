@@ -1,6 +1,5 @@
 """mla_decode vs a per-sequence, per-head float64 loop; sensitivity; fake shapes; torch.ops path; errors."""
 
-import random
 
 import pytest
 import torch
@@ -9,13 +8,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from engine.core.ops.mla import mla_decode as op
 
 PARAMS = [pytest.param(c, dt, id=f"{c.name}-{str(dt)[6:]}") for c in op.cases for dt in op.dtypes]
-
-
-@pytest.fixture
-def gen():
-    seed = random.SystemRandom().randrange(2**31)
-    print(f"generator seed {seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def _loop(q, kv_cache, block_tables, seq_lens, scale, v_dim):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import random
 
 import numpy as np
 import pytest
@@ -12,13 +11,6 @@ import torch
 from engine.core.ops import moe
 
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-@pytest.fixture
-def gen():
-    seed = random.randrange(2**31)
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def _loop_moe(x, w13, w2, logits, top_k, renormalize):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 import torch
@@ -11,13 +9,6 @@ import torch
 from engine.core.ops import nvfp4
 
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-@pytest.fixture
-def gen():
-    seed = random.randrange(2**31)
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def e2m1_value(code: int) -> float:

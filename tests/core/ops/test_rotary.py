@@ -1,7 +1,6 @@
 """rotary_embedding vs complex-number rotation in float64; build_cos_sin_cache vs the published formulas."""
 
 import math
-import random
 
 import pytest
 import torch
@@ -11,13 +10,6 @@ from engine.core.ops.rotary import build_cos_sin_cache
 from engine.core.ops.rotary import rotary_embedding as op
 
 PARAMS = [pytest.param(c, dt, id=f"{c.name}-{str(dt)[6:]}") for c in op.cases for dt in op.dtypes]
-
-
-@pytest.fixture
-def gen():
-    seed = random.SystemRandom().randrange(2**31)
-    print(f"generator seed {seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def _complex_rotate(x, positions, cache, head_dim, is_neox):
