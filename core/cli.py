@@ -1,4 +1,4 @@
-"""The ``engine`` command line: ``engine generate``, ``engine doctor``."""
+"""The ``engine`` command line: ``engine generate``, ``engine bench``, ``engine doctor``."""
 
 from __future__ import annotations
 
@@ -19,14 +19,23 @@ def _generate(args) -> int:
     return run(args)
 
 
+def _bench(args) -> int:
+    from .cli_bench import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from . import cli_generate
+    from . import cli_bench, cli_generate
 
     parser = argparse.ArgumentParser(prog="engine", description="A portable LLM inference engine.")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="complete prompts with a model (default: the built-in SmolLM2)")
     cli_generate.add_arguments(gen)
     gen.set_defaults(func=_generate)
+    bench = sub.add_parser("bench", help="synthetic workload: throughput, latency percentiles, KV waste, kernels")
+    cli_bench.add_arguments(bench)
+    bench.set_defaults(func=_bench)
     doctor = sub.add_parser("doctor", help="show every platform plugin, the selected one, and each op's kernel")
     doctor.add_argument("--platform", help="force a platform (same as ENGINE_PLATFORM)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")

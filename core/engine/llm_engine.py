@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from .detokenizer import IncrementalDetokenizer
@@ -11,6 +12,7 @@ from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .stats import EngineStats, kv_occupancy
 
 
 @dataclass
@@ -32,6 +34,7 @@ class LLMEngine:
         self.sampler = Sampler()
         self.num_preemptions = 0  # total over the engine's life
         self._requests: dict[int, _Request] = {}
+        self.stats = EngineStats()  # per-step and per-request statistics (see stats.py)
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
                     request_id: str | None = None) -> str:
@@ -50,16 +53,22 @@ class LLMEngine:
         out = RequestOutput(seq.request_id, prompt, list(prompt_token_ids))
         self.scheduler.add(seq)
         self._requests[seq.seq_id] = _Request(seq, detok, out)
+        self.stats.on_arrival(seq.seq_id, seq.request_id, n, time.perf_counter())
         return seq.request_id
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[StepUpdate]:
+        start = time.perf_counter()
         sched = self.scheduler.schedule()
         self.num_preemptions += len(sched.preempted)
         if not sched.scheduled:
             return []
+        # A decode token feeds back a generated token; prompt tokens and recomputation are prefill (stats.py).
+        num_decode = sum(1 for s, _ in sched.scheduled if s.output_token_ids and not s.in_prefill)
+        num_prefill = sched.num_batched_tokens - num_decode
+        kv_slots = kv_occupancy(self.scheduler.running, sched.scheduled, self.scheduler.block_manager.block_size)
         logits, sampled_seqs = self.runner.run(sched.scheduled)
         tokens = self.sampler.sample(logits, sampled_seqs) if sampled_seqs else []
         sampled = {s.seq_id: int(t) for s, t in zip(sampled_seqs, tokens, strict=True)}
@@ -67,6 +76,10 @@ class LLMEngine:
         updates = []
         for seq in sampled_seqs:
             updates.append(self._advance(seq, sampled[seq.seq_id]))
+        end = time.perf_counter()
+        self.stats.on_step(start, end, num_prefill, num_decode, len(sched.scheduled), *kv_slots)
+        for seq in sampled_seqs:
+            self.stats.on_token(seq.seq_id, end, seq.is_finished)
         return updates
 
     def _advance(self, seq: Sequence, token: int) -> StepUpdate:
