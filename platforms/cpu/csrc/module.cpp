@@ -16,6 +16,12 @@
 namespace py = pybind11;
 using namespace engine_cpu;
 
+namespace engine_cpu {
+void bind_gguf_linear(py::module_& m);  // bind_gguf_linear.cpp
+void bind_attention(py::module_& m);  // bind_attention.cpp
+void bind_small_ops(py::module_& m);  // bind_small_ops.cpp
+}  // namespace engine_cpu
+
 namespace {
 
 template <typename T>
@@ -88,4 +94,8 @@ PYBIND11_MODULE(_native, m) {
       py::arg("out"), py::arg("out_stride"), py::arg("sum_out"), py::arg("sum_stride"), py::arg("rows"),
       py::arg("hidden"), py::arg("eps"), py::arg("dtype"), py::call_guard<py::gil_scoped_release>(),
       "sum_out = round(x + residual); out = rms_norm(sum_out) * w per row; strides in elements.");
+
+  bind_gguf_linear(m);
+  bind_attention(m);
+  bind_small_ops(m);
 }

@@ -9,7 +9,8 @@ their references.
 
 from __future__ import annotations
 
-NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "rms_norm", "fused_add_rms_norm")
+NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "rms_norm", "fused_add_rms_norm", "paged_attention_decode",
+              "paged_attention_prefill", "write_kv_cache", "silu_and_mul", "rotary_embedding")
 
 
 def register(registry) -> None:
@@ -21,7 +22,9 @@ def register(registry) -> None:
         for op in NATIVE_OPS:
             registry.skip(op, "native", why)
         return
-    from . import gguf, norm
+    from . import attention, gguf, norm, small_ops
 
     gguf.register(registry)
     norm.register(registry)
+    attention.register(registry)
+    small_ops.register(registry)

@@ -47,8 +47,7 @@ def registry():
 
 
 def native(registry, op):
-    (impl,) = registry.implementations(op)
-    return impl
+    return registry.implementations(op)[0]  # the best (gguf_linear has a fallback registered below it)
 
 
 def check(op, impl, args):

@@ -1,0 +1,31 @@
+// pybind11 binding of the fused GGUF linear (raw addresses and strides, like module.cpp).
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "gguf_linear.h"
+
+namespace py = pybind11;
+
+namespace engine_cpu {
+
+void bind_gguf_linear(py::module_& m) {
+  m.def(
+      "gguf_linear",
+      [](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w, int64_t w_stride,
+         int64_t n, std::uintptr_t y, int64_t y_stride, int dtype) {
+        if (dtype != static_cast<int>(DType::F32) && dtype != static_cast<int>(DType::BF16))
+          throw std::invalid_argument("dtype code must be 0 (fp32) or 1 (bf16), got " + std::to_string(dtype));
+        gguf_linear({qtype, reinterpret_cast<const void*>(x), x_stride, rows, k, reinterpret_cast<const uint8_t*>(w),
+                     w_stride, n, reinterpret_cast<void*>(y), y_stride, static_cast<DType>(dtype)});
+      },
+      py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
+      py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"),
+      py::call_guard<py::gil_scoped_release>(),
+      "y[m, n] = x[m, :k] . dequant(w)[n, :k]: x and y of dtype (0 fp32, 1 bf16; strides in elements), w GGUF "
+      "Q4_0/Q4_1/Q8_0 rows w_stride bytes apart; fp32 math, never materializes the weight.");
+}
+
+}  // namespace engine_cpu

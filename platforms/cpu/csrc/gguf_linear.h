@@ -1,0 +1,68 @@
+// Fused GGUF linear: y[m, n] = sum_k x[m, k] * dequant(W)[n, k] for Q4_0 / Q4_1 / Q8_0 weights
+// kept in their GGUF blocks (never dequantized as a whole).
+//
+// Structure: threads split the weight rows (parallel_for over panels of kPanelRows rows).
+//  * M = 1 (decode; bound by decoding and memory): where the ISA has a gemv kernel, each block is
+//    decoded in registers and multiplied straight away, with software prefetch of the next rows.
+//  * M > 1: a thread decodes a panel into an fp32 scratch buffer that stays in L1/L2 (values
+//    bit-identical to gguf_dequantize's fp32 output), then multiplies every row of x against it with
+//    fp32 FMAs, so each weight block is decoded once per call whatever M is.
+// Activations stay fp32 (bf16 x is widened exactly) and nothing is quantized: the result is
+// x @ dequant(W)^T up to the order of the fp32 sums (and, in gemv, an FMA in q * d + m).
+#pragma once
+
+#include <cstdint>
+
+#include "convert.h"
+#include "isa.h"
+
+namespace engine_cpu {
+
+struct GgufLinearArgs {
+  int qtype;           // 2 = Q4_0, 3 = Q4_1, 8 = Q8_0 (gguf.GGMLQuantizationType)
+  const void* x;       // [m, k] of dtype, unit stride along k
+  int64_t x_stride;    // elements between rows of x
+  int64_t m;
+  int64_t k;           // multiple of 32
+  const uint8_t* w;    // [n, row_bytes] GGUF blocks
+  int64_t w_stride;    // bytes between weight rows
+  int64_t n;
+  void* y;             // [m, n] of dtype, unit stride along n
+  int64_t y_stride;    // elements between rows of y
+  DType dtype;         // of x and y
+};
+
+// Validates and runs on the current ISA, threads split over weight panels; throws
+// std::invalid_argument on bad arguments.
+void gguf_linear(const GgufLinearArgs& a);
+
+// Panel geometry shared by the ISA variants.
+constexpr int kPanelRows = 4;  // weight rows decoded together
+constexpr int kMaxTileM = 6;   // rows of x per dot call (AVX-512: 6 x 4 accumulators + 5 operands <= 32 registers)
+
+// Per-ISA building blocks.
+//  decode: rows (<= kPanelRows) weight rows -> dst [rows][k] fp32 (row stride k); `lut` maps fp16 bits
+//          to fp32 (fp16_lut()).
+//  dot:    out[i * kPanelRows + j] = sum_k x[i * x_stride + k] * panel[j * k + k'] for i < mt (<= kMaxTileM),
+//          j < kPanelRows (the panel always has kPanelRows rows; unused ones are zero).
+//  gemv:   optional (nullptr: use decode + dot): out[r] = sum_k x[k] * dequant(w row r)[k] for r < rows, the
+//          blocks decoded in registers (M = 1 is bound by decoding, so the panel's store and reload
+//          are worth saving there).
+struct GgufLinearKernels {
+  void (*decode)(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst, const float* lut);
+  void (*dot)(const float* x, int64_t x_stride, int mt, const float* panel, int64_t k, float* out);
+  void (*gemv)(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, const float* x, float* out,
+               const float* lut);
+};
+
+// fp16 bits -> fp32, all 65,536 values (built once, thread-safe). A table load replaces the
+// convert-and-broadcast sequence per block scale.
+const float* fp16_lut();
+
+GgufLinearKernels gguf_linear_kernels_scalar();
+#ifdef ENGINE_X86
+GgufLinearKernels gguf_linear_kernels_avx2();
+GgufLinearKernels gguf_linear_kernels_avx512();
+#endif
+
+}  // namespace engine_cpu
