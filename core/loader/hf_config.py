@@ -102,7 +102,17 @@ def _build(cfg: dict, arch: str) -> ModelConfig:
         intermediate_size=int(cfg.get("intermediate_size") or 0), num_layers=int(cfg["num_hidden_layers"]),
         num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or (hidden // heads if heads else 0)),
-        max_position=int(cfg.get("max_position_embeddings", 4096)), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        max_position=_context_length(cfg), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta, rope_scaling=scaling, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=attention_bias, qk_norm=arch in ("qwen3", "qwen3_moe"),
         bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos, **moe)
+
+
+def _context_length(cfg: dict) -> int:
+    """max_position_embeddings, capped at an active sliding window: engine attends over the whole context,
+    which equals sliding-window attention only while the context fits in the window."""
+    n = int(cfg.get("max_position_embeddings", 4096))
+    window = cfg.get("sliding_window")
+    if isinstance(window, int) and window > 0 and cfg.get("use_sliding_window", True):
+        n = min(n, window)
+    return n

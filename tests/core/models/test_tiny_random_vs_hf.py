@@ -66,3 +66,13 @@ def test_logits_match_transformers(tiny_model):
     with torch.no_grad():
         theirs = hf(torch.tensor([ids])).logits[0].float()
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def test_sliding_window_caps_the_context(tmp_path):
+    cfg = transformers.MistralConfig(**{**COMMON, "intermediate_size": 96, "sliding_window": 48})
+    transformers.MistralForCausalLM(cfg).save_pretrained(tmp_path, safe_serialization=True)
+    _save_tokenizer(tmp_path)
+    llm = LLM(str(tmp_path), num_kv_blocks=16)
+    assert llm.max_model_len == 48
+    with pytest.raises(ValueError, match="context holds 48"):
+        llm.generate(list(range(60)))
