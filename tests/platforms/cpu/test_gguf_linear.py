@@ -1,7 +1,6 @@
 """The cpu platform's fused gguf_linear kernel against the op's reference: every qtype x dtype x ISA variant
 this CPU runs x 1 and 2 threads x batch sizes around the kernel's tiles; layouts; refusals that fall back."""
 
-import random
 
 import pytest
 import torch
@@ -12,35 +11,11 @@ from engine.platforms.cpu import _native
 from engine.platforms.cpu.kernels import register
 from engine.platforms.cpu.kernels.gguf import FUSED_MAX_M
 
-ISAS = _native.supported_isas()
 QTYPES = (Q4_0, Q4_1, Q8_0)
 DTYPES = (torch.float32, torch.bfloat16)
 # (K, N): odd N (tails of the 4-row panels and of the 64-row M = 1 chunks); N = 1001 at K = 576 is
 # enough work to be split between two threads, at every M.
 SHAPES = [(32, 1), (64, 7), (576, 37), (576, 1001), (1536, 13)]
-
-
-@pytest.fixture
-def gen():
-    seed = random.SystemRandom().randrange(2**31)
-    print(f"generator seed {seed}")  # shown by pytest when the test fails
-    return torch.Generator().manual_seed(seed)
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = _native.isa()
-    _native.set_isa(request.param)
-    yield request.param
-    _native.set_isa(before)
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = _native.num_threads()
-    _native.set_num_threads(request.param)
-    yield request.param
-    _native.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ variant this CPU runs, with 1 and 2 threads. Every cache slot no sequence owns i
 the kernels must never read past seq_len (a fresh cache holds arbitrary bits)."""
 
 import math
-import random
 
 import pytest
 import torch
@@ -16,34 +15,9 @@ from engine.core.ops.attention import (
     random_seq_lens,
 )
 from engine.core.ops.kv_cache import write_kv_cache
-from engine.platforms.cpu import _native
 from engine.platforms.cpu.kernels import register
 
-ISAS = _native.supported_isas()
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-@pytest.fixture
-def gen():
-    seed = random.SystemRandom().randrange(2**31)
-    print(f"generator seed {seed}")  # shown by pytest when the test fails
-    return torch.Generator().manual_seed(seed)
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = _native.isa()
-    _native.set_isa(request.param)
-    yield request.param
-    _native.set_isa(before)
-
-
-@pytest.fixture(params=[1, 2])
-def threads(request):
-    before = _native.num_threads()
-    _native.set_num_threads(request.param)
-    yield request.param
-    _native.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

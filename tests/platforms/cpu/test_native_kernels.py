@@ -2,7 +2,6 @@
 this CPU runs; ISA selection and its errors; supports() refusals falling back to the reference."""
 
 import os
-import random
 import subprocess
 import sys
 
@@ -20,22 +19,6 @@ NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 OPS = (gguf_dequantize, gguf_linear, rms_norm, fused_add_rms_norm)
 CASES = [pytest.param(op, c, dt, id=f"{op.name}-{c.name}-{str(dt)[6:]}")
          for op in OPS for c in op.cases for dt in NATIVE_DTYPES if dt in op.dtypes]
-
-
-@pytest.fixture
-def gen():
-    seed = random.SystemRandom().randrange(2**31)
-    print(f"generator seed {seed}")  # shown by pytest when the test fails
-    return torch.Generator().manual_seed(seed)
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = _native.isa()
-    _native.set_isa(request.param)
-    assert _native.isa() == request.param
-    yield request.param
-    _native.set_isa(before)
 
 
 @pytest.fixture(scope="module")

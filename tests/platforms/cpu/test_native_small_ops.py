@@ -1,7 +1,6 @@
 """Native silu_and_mul and rotary_embedding against the ops' references, for every ISA variant this CPU
 runs, with 1 and 2 threads; tails around the 8/16-lane widths, strided layouts, refusals and errors."""
 
-import random
 
 import pytest
 import torch
@@ -9,34 +8,9 @@ import torch
 from engine.core.ops import KernelRegistry
 from engine.core.ops.activation import silu_and_mul
 from engine.core.ops.rotary import build_cos_sin_cache, rotary_embedding
-from engine.platforms.cpu import _native
 from engine.platforms.cpu.kernels import register
 
-ISAS = _native.supported_isas()
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-@pytest.fixture
-def gen():
-    seed = random.SystemRandom().randrange(2**31)
-    print(f"generator seed {seed}")  # shown by pytest when the test fails
-    return torch.Generator().manual_seed(seed)
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = _native.isa()
-    _native.set_isa(request.param)
-    yield request.param
-    _native.set_isa(before)
-
-
-@pytest.fixture(params=[1, 2])
-def threads(request):
-    before = _native.num_threads()
-    _native.set_num_threads(request.param)
-    yield request.param
-    _native.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

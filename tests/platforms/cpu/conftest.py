@@ -1,0 +1,22 @@
+"""Fixtures for the native CPU kernel tests: every ISA variant this CPU runs, and 1 or 2 threads."""
+
+import pytest
+
+from engine.platforms.cpu import _native
+
+
+@pytest.fixture(params=_native.supported_isas())
+def isa(request):
+    before = _native.isa()
+    _native.set_isa(request.param)
+    assert _native.isa() == request.param
+    yield request.param
+    _native.set_isa(before)
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = _native.num_threads()
+    _native.set_num_threads(request.param)
+    yield request.param
+    _native.set_num_threads(before)
