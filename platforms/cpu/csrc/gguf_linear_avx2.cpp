@@ -1,5 +1,6 @@
 // AVX2 + FMA kernels for the fused GGUF linear (8 fp32 lanes; a block of 32 = four vectors).
 #include "gguf_dequant.h"
+#include "gguf_block_avx2.h"
 #include "gguf_linear.h"
 #include "simd_x86.h"
 
@@ -9,52 +10,27 @@
 namespace engine_cpu {
 namespace {
 
-// The low 8 bytes of v, signed (Q4_0 after -8, Q8_0) or unsigned (Q4_1), as 8 floats.
-template <bool kSigned>
-ENGINE_AVX2 inline __m256 bytes8(__m128i v) {
-  return _mm256_cvtepi32_ps(kSigned ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
-}
-
-// Same values as the reference: (q - 8) * d, q * d + m (no fused multiply-add), q * d.
+// Same values as the reference (see gguf_block_avx2.h).
 template <int kQ>
-ENGINE_AVX2 void decode_q(const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst, const float* lut) {
-  const int bb = kQ == kQ8_0 ? 34 : kQ == kQ4_1 ? 20 : 18;
+ENGINE_AVX2 void decode_q(const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst) {
+  const int bb = gguf_block_bytes(kQ);
   for (int r = 0; r < rows; ++r) {
     const uint8_t* b = w + r * w_stride;
     float* out = dst + r * k;
     for (int64_t c = 0; c < k; c += 32, b += bb, out += 32) {
-      const __m256 d = _mm256_set1_ps(lut[load_fp16(b)]);
-      __m128i q[4];
-      if (kQ == kQ8_0) {
-        for (int i = 0; i < 4; ++i) q[i] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * i));
-      } else {
-        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (kQ == kQ4_1 ? 4 : 2)));
-        const __m128i mask = _mm_set1_epi8(0x0f);
-        __m128i ql = _mm_and_si128(qs, mask), qh = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
-        if (kQ == kQ4_0) {
-          ql = _mm_sub_epi8(ql, _mm_set1_epi8(8));
-          qh = _mm_sub_epi8(qh, _mm_set1_epi8(8));
-        }
-        q[0] = ql;
-        q[1] = _mm_srli_si128(ql, 8);
-        q[2] = qh;
-        q[3] = _mm_srli_si128(qh, 8);
-      }
-      if (kQ == kQ4_1) {
-        const __m256 m = _mm256_set1_ps(lut[load_fp16(b + 2)]);
-        for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(_mm256_mul_ps(bytes8<false>(q[i]), d), m));
-      } else {
-        for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(bytes8<true>(q[i]), d));
-      }
+      __m256 v[4];
+      gguf_avx2::decode_block<kQ>(b, v);
+      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, v[i]);
     }
   }
 }
 
-void decode(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst, const float* lut) {
+// The fp16 scale table is not needed here: F16C converts a block's scale in one instruction.
+void decode(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst, const float* /*lut*/) {
   switch (qtype) {
-    case kQ4_0: return decode_q<kQ4_0>(w, w_stride, rows, k, dst, lut);
-    case kQ4_1: return decode_q<kQ4_1>(w, w_stride, rows, k, dst, lut);
-    default: return decode_q<kQ8_0>(w, w_stride, rows, k, dst, lut);
+    case kQ4_0: return decode_q<kQ4_0>(w, w_stride, rows, k, dst);
+    case kQ4_1: return decode_q<kQ4_1>(w, w_stride, rows, k, dst);
+    default: return decode_q<kQ8_0>(w, w_stride, rows, k, dst);
   }
 }
 

@@ -2,7 +2,9 @@
 
 import pytest
 
+from engine.core.ops import KernelRegistry
 from engine.platforms.cpu import _native
+from engine.platforms.cpu.kernels import register
 
 
 @pytest.fixture(params=_native.supported_isas())
@@ -20,3 +22,12 @@ def threads(request):
     _native.set_num_threads(request.param)
     yield request.param
     _native.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    """A registry holding exactly the cpu platform's native kernels (none may be skipped here)."""
+    reg = KernelRegistry("cpu")
+    register(reg)
+    assert not reg.skipped(), reg.skipped()
+    return reg

@@ -5,10 +5,8 @@ this CPU runs x 1 and 2 threads x batch sizes around the kernel's tiles; layouts
 import pytest
 import torch
 
-from engine.core.ops import KernelRegistry
 from engine.core.ops.gguf_quant import GGUF_QTYPES, Q4_0, Q4_1, Q8_0, gguf_dequantize, gguf_linear, random_gguf_weight
 from engine.platforms.cpu import _native
-from engine.platforms.cpu.kernels import register
 from engine.platforms.cpu.kernels.gguf import FUSED_MAX_M
 
 QTYPES = (Q4_0, Q4_1, Q8_0)
@@ -16,14 +14,6 @@ DTYPES = (torch.float32, torch.bfloat16)
 # (K, N): odd N (tails of the 4-row panels and of the 64-row M = 1 chunks); N = 1001 at K = 576 is
 # enough work to be split between two threads, at every M.
 SHAPES = [(32, 1), (64, 7), (576, 37), (576, 1001), (1536, 13)]
-
-
-@pytest.fixture(scope="module")
-def registry():
-    reg = KernelRegistry("cpu")
-    register(reg)
-    assert not reg.skipped(), reg.skipped()
-    return reg
 
 
 def fused(registry):

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from engine.core.ops import KernelRegistry
 from engine.core.ops.attention import (
     make_paged_layout,
     paged_attention_decode,
@@ -15,17 +14,8 @@ from engine.core.ops.attention import (
     random_seq_lens,
 )
 from engine.core.ops.kv_cache import write_kv_cache
-from engine.platforms.cpu.kernels import register
 
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-@pytest.fixture(scope="module")
-def registry():
-    reg = KernelRegistry("cpu")
-    register(reg)
-    assert not reg.skipped(), reg.skipped()
-    return reg
 
 
 def native(registry, op):

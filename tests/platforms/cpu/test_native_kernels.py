@@ -21,14 +21,6 @@ CASES = [pytest.param(op, c, dt, id=f"{op.name}-{c.name}-{str(dt)[6:]}")
          for op in OPS for c in op.cases for dt in NATIVE_DTYPES if dt in op.dtypes]
 
 
-@pytest.fixture(scope="module")
-def registry():
-    reg = KernelRegistry("cpu")
-    register(reg)
-    assert not reg.skipped(), reg.skipped()
-    return reg
-
-
 def native(registry, op):
     return registry.implementations(op)[0]  # the best (gguf_linear has a fallback registered below it)
 

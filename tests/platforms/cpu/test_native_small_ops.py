@@ -5,20 +5,10 @@ runs, with 1 and 2 threads; tails around the 8/16-lane widths, strided layouts, 
 import pytest
 import torch
 
-from engine.core.ops import KernelRegistry
 from engine.core.ops.activation import silu_and_mul
 from engine.core.ops.rotary import build_cos_sin_cache, rotary_embedding
-from engine.platforms.cpu.kernels import register
 
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-@pytest.fixture(scope="module")
-def registry():
-    reg = KernelRegistry("cpu")
-    register(reg)
-    assert not reg.skipped(), reg.skipped()
-    return reg
 
 
 def native(registry, op):
