@@ -3,7 +3,6 @@
 #include "gguf_linear.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -80,25 +79,6 @@ GgufLinearKernels kernels_for(Isa isa) {
 // elements" (a decoded element costs about as much as 8 FMAs over rows of x).
 constexpr int64_t kMinChunkWork = 1 << 15;
 
-// Runs body(t0, t1) over [0, tiles) on up to num_threads() threads, each worth at least `grain`
-// tiles. Threads take small chunks from a shared counter instead of one fixed share each: a thread
-// that runs slower (a core shared with another process, a smaller core) then takes fewer tiles,
-// rather than making every other thread wait for its share.
-template <typename Body>
-void for_tiles(int64_t tiles, int64_t grain, const Body& body) {
-  const int64_t threads = std::min<int64_t>(num_threads(), tiles / std::max<int64_t>(grain, 1));
-  if (threads <= 1) {
-    body(0, tiles);
-    return;
-  }
-  const int64_t step = std::max<int64_t>({1, grain, tiles / (16 * threads)});  // few enough to keep the counter cold
-  std::atomic<int64_t> next{0};
-  parallel_for(threads, 1, [&](int64_t, int64_t) {
-    for (int64_t t0; (t0 = next.fetch_add(step, std::memory_order_relaxed)) < tiles;)
-      body(t0, std::min(tiles, t0 + step));
-  });
-}
-
 }  // namespace
 
 GgufLinearKernels gguf_linear_kernels_scalar() { return {decode_scalar, dot_scalar, nullptr}; }
@@ -137,7 +117,7 @@ void gguf_linear(const GgufLinearArgs& a) {
   const int64_t tiles = (n + kPanelRows - 1) / kPanelRows;
   if (m == 1 && kern.gemv != nullptr) {
     const int64_t grain = std::max<int64_t>(1, kMinChunkWork / (k * kPanelRows));
-    for_tiles(tiles, grain, [&](int64_t t0, int64_t t1) {
+    for_dynamic_chunks(tiles, grain, [&](int64_t t0, int64_t t1) {
       constexpr int64_t kRows = 64;  // rows per call: enough to amortize, small enough for the stack
       float tmp[kRows];
       for (int64_t n0 = t0 * kPanelRows, n1 = std::min(n, t1 * kPanelRows); n0 < n1; n0 += kRows) {
@@ -151,7 +131,7 @@ void gguf_linear(const GgufLinearArgs& a) {
   }
   const int64_t tile_work = k * kPanelRows * (1 + m / 8);
   const int64_t grain = std::max<int64_t>(1, kMinChunkWork / tile_work);
-  for_tiles(tiles, grain, [&](int64_t t0, int64_t t1) {
+  for_dynamic_chunks(tiles, grain, [&](int64_t t0, int64_t t1) {
     thread_local std::vector<float> panel;
     if (panel.size() < static_cast<size_t>(kPanelRows * k)) panel.resize(static_cast<size_t>(kPanelRows * k));
     float tile[kMaxTileM * kPanelRows];

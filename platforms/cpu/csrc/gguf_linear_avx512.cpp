@@ -56,24 +56,6 @@ void decode(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, 
   }
 }
 
-// {sum(a), sum(b), sum(c), sum(d)}.
-ENGINE_AVX512 inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  // Two-source permutes (vpermt2ps) of 128-bit quarters: [x.q0, x.q1, y.q0, y.q1] + [x.q2, x.q3, y.q2, y.q3],
-  // then [ab.q0, ab.q2, cd.q0, cd.q2] + [ab.q1, ab.q3, cd.q1, cd.q3].
-  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  const __m512i ev = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-  const __m512i od = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  const __m512 ab = _mm512_add_ps(_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b));
-  const __m512 cd = _mm512_add_ps(_mm512_permutex2var_ps(c, lo, d), _mm512_permutex2var_ps(c, hi, d));
-  // Each 128-bit quarter now holds four partial sums of one of a, b, c, d.
-  __m512 s = _mm512_add_ps(_mm512_permutex2var_ps(ab, ev, cd), _mm512_permutex2var_ps(ab, od, cd));
-  s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
-  s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                                        0, 0), s));
-}
-
 // MT rows of x against the 4-row panel. U independent accumulator sets hide the FMA latency when
 // MT is small (one FMA chain per accumulator).
 template <int MT, int U>

@@ -4,6 +4,10 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#ifdef ENGINE_ARM64
+#include <sys/auxv.h>
+#endif
+
 namespace engine_cpu {
 namespace {
 std::atomic<int> g_isa{static_cast<int>(Isa::Scalar)};
@@ -13,6 +17,7 @@ const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Avx512: return "avx512";
     case Isa::Avx2: return "avx2";
+    case Isa::Neon: return "neon";
     default: return "scalar";
   }
 }
@@ -29,12 +34,33 @@ bool cpu_supports(Isa isa) {
     return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 #endif
+#ifdef ENGINE_ARM64
+  if (isa == Isa::Neon) return true;  // Advanced SIMD is mandatory on AArch64 Linux
+#endif
   return false;
+}
+
+bool cpu_has_dotprod() {
+#ifdef ENGINE_ARM64
+  constexpr unsigned long kHwcapAsimddp = 1UL << 20;  // HWCAP_ASIMDDP, spelled out for older headers
+  return (getauxval(AT_HWCAP) & kHwcapAsimddp) != 0;
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx512_vnni() {
+#ifdef ENGINE_X86
+  __builtin_cpu_init();
+  return cpu_supports(Isa::Avx512) && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
 }
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::Scalar})
+  for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Scalar})
     if (cpu_supports(isa)) out.push_back(isa);
   return out;
 }
@@ -45,9 +71,10 @@ void set_isa(const std::string& name) {
   Isa isa;
   if (name == "avx512") isa = Isa::Avx512;
   else if (name == "avx2") isa = Isa::Avx2;
+  else if (name == "neon") isa = Isa::Neon;
   else if (name == "scalar") isa = Isa::Scalar;
   else
-    throw std::invalid_argument("unknown CPU ISA '" + name + "'; expected one of: avx512, avx2, scalar");
+    throw std::invalid_argument("unknown CPU ISA '" + name + "'; expected one of: avx512, avx2, neon, scalar");
   if (!cpu_supports(isa)) {
     std::string have;
     for (Isa s : supported_isas()) have += std::string(have.empty() ? "" : ", ") + isa_name(s);

@@ -8,18 +8,27 @@
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define ENGINE_X86 1
 #endif
+#if defined(__aarch64__) && defined(__GNUC__)
+#define ENGINE_ARM64 1
+#endif
 
 namespace engine_cpu {
 
-enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+// Neon is AArch64's Advanced SIMD (always present there); kernels that also want the int8 dot-product
+// instructions (SDOT/UDOT, Armv8.2 dotprod) ask cpu_has_dotprod() and keep a plain-NEON path.
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3 };
 
 const char* isa_name(Isa isa);
 // ISA variants compiled into this binary that the running CPU (and OS) can execute, best first.
 std::vector<Isa> supported_isas();
 bool cpu_supports(Isa isa);
+// AArch64 with the dotprod extension (HWCAP_ASIMDDP); false elsewhere.
+bool cpu_has_dotprod();
+// x86 with AVX512_VNNI (vpdpbusd on 512-bit vectors); false elsewhere.
+bool cpu_has_avx512_vnni();
 // The variant the kernels use now. Initially ENGINE_CPU_ISA if set, else the best supported.
 Isa current_isa();
-// Select a variant by name (avx512, avx2, scalar); throws std::invalid_argument for an unknown
+// Select a variant by name (avx512, avx2, neon, scalar); throws std::invalid_argument for an unknown
 // name and std::runtime_error when this CPU or build cannot run it.
 void set_isa(const std::string& name);
 // Apply ENGINE_CPU_ISA (if set) or pick the best; called once at module import.

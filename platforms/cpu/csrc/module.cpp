@@ -55,7 +55,8 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("isa", []() { return std::string(isa_name(current_isa())); }, "The ISA variant in use now.");
   m.def("supported_isas", &supported_isa_names,
-        "ISA variants this build and CPU can run, best first (avx512, avx2, scalar).");
+        "ISA variants this build and CPU can run, best first (avx512, avx2, neon, scalar).");
+  m.def("has_dotprod", &cpu_has_dotprod, "AArch64 int8 dot-product instructions (SDOT/UDOT) available.");
   m.def("set_isa", &set_isa, py::arg("name"),
         "Use the named ISA variant from now on (ValueError: unknown name; RuntimeError: CPU lacks it).");
 

@@ -13,6 +13,7 @@
 
 #define ENGINE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define ENGINE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define ENGINE_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
 namespace engine_cpu {
 namespace {
@@ -75,6 +76,24 @@ ENGINE_AVX512 inline void bf16x16_store(uint16_t* p, __m512 v, __mmask16 m) {
 
 ENGINE_AVX512 inline __m512 bf16x16_roundtrip(__m512 v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(bf16x16_round(v), 16));
+}
+
+// {sum(a), sum(b), sum(c), sum(d)}.
+ENGINE_AVX512 inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // Two-source permutes (vpermt2ps) of 128-bit quarters: [x.q0, x.q1, y.q0, y.q1] + [x.q2, x.q3, y.q2, y.q3],
+  // then [ab.q0, ab.q2, cd.q0, cd.q2] + [ab.q1, ab.q3, cd.q1, cd.q3].
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const __m512i ev = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const __m512i od = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const __m512 ab = _mm512_add_ps(_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b));
+  const __m512 cd = _mm512_add_ps(_mm512_permutex2var_ps(c, lo, d), _mm512_permutex2var_ps(c, hi, d));
+  // Each 128-bit quarter now holds four partial sums of one of a, b, c, d.
+  __m512 s = _mm512_add_ps(_mm512_permutex2var_ps(ab, ev, cd), _mm512_permutex2var_ps(ab, od, cd));
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                        0, 0), s));
 }
 
 }  // namespace

@@ -9,8 +9,8 @@ their references.
 
 from __future__ import annotations
 
-NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "rms_norm", "fused_add_rms_norm", "paged_attention_decode",
-              "paged_attention_prefill", "write_kv_cache", "silu_and_mul", "rotary_embedding")
+NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "rms_norm", "fused_add_rms_norm",
+              "paged_attention_decode", "paged_attention_prefill", "write_kv_cache", "silu_and_mul", "rotary_embedding")
 
 
 def register(registry) -> None:

@@ -1,10 +1,12 @@
-"""Native GGUF dequantize (Q4_0/Q4_1/Q8_0 -> fp32/bf16), and gguf_linear: a fused kernel that reads the
-GGUF blocks directly (decode, small batches), with dequantize + torch matmul as the fallback."""
+"""Native GGUF dequantize (Q4_0/Q4_1/Q8_0 -> fp32/bf16), gguf_linear (a fused kernel that reads the GGUF blocks
+directly for decode and small batches, dequantize + torch matmul as the fallback) and gguf_linear_q8act (x rounded
+to Q8 blocks, integer block dots)."""
 
 from __future__ import annotations
 
 import torch
 
+from engine.core.ops.gguf_q8act import gguf_linear_q8act, quantize_q8_blocks
 from engine.core.ops.gguf_quant import BLOCK, GGUF_QTYPES, gguf_dequantize, gguf_linear
 from engine.platforms.cpu import _native
 
@@ -80,12 +82,44 @@ def _fused_linear(x, raw, qtype, cols):
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
 
+# Above this many rows of x, the Q8-activation op quantizes x with torch and multiplies the dequantized
+# operands with torch's GEMM (same codes, so the same result up to the order of the sums).
+Q8ACT_MAX_M = 64
+
+
+def _q8act_dequant_matmul(x, raw, qtype, cols):
+    q, d = quantize_q8_blocks(x)
+    xq = (q.float().reshape(*d.shape, BLOCK) * d[..., None]).reshape(x.shape)
+    return torch.nn.functional.linear(xq, _dequant(raw, qtype, cols, torch.float32)).to(x.dtype)
+
+
+def _q8act_linear(x, raw, qtype, cols):
+    # csrc/gguf_q8act.h: x rounded to Q8 blocks once per call, then integer block dots (VNNI/AVX2/SDOT).
+    if x.is_contiguous():
+        x2, m, xs = x, x.numel() // cols, cols
+    else:
+        x2, m, xs = rows_of(x)
+    if m > Q8ACT_MAX_M:
+        return _q8act_dequant_matmul(x, raw, qtype, cols)
+    if raw.stride(1) != 1:
+        raw = raw.contiguous()
+    n = raw.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype)
+    _native.gguf_linear_q8act(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(), n,
+                              DTYPE_CODE[x.dtype])
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+
 def register(registry) -> None:
     registry.register(gguf_dequantize, _dequant, name="native", supports=_supports_dequant, priority=PRIORITY,
                       note=isa_note())
     registry.register(gguf_linear, _fused_linear, name="fused", supports=_supports_linear, priority=PRIORITY + 1,
                       note=f"native fused decode + fp32 FMA (M <= {FUSED_MAX_M}; larger M: dequant_matmul); "
                       + isa_note())
+    registry.register(gguf_linear_q8act, _q8act_linear, name="native", supports=_supports_linear,
+                      priority=PRIORITY,
+                      note=f"native integer block dots ({_native.gguf_q8act_variant()} at registration; M > "
+                      f"{Q8ACT_MAX_M}: torch quantize + GEMM)")
     registry.register(gguf_linear, _dequant_matmul, name="dequant_matmul", supports=_supports_linear,
                       priority=PRIORITY,
                       note="native dequantize to x.dtype, then torch matmul; " + isa_note())

@@ -1,0 +1,174 @@
+// Driver of the Q8-activation GGUF linear (validation, quantizing x, threading over weight panels,
+// output rounding) and its portable scalar kernels.
+#include "gguf_q8act.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gguf_dequant.h"
+#include "gguf_linear.h"
+#include "thread_pool.h"
+
+namespace engine_cpu {
+
+float quantize_q8_block(const float* x, int8_t* q, int* isum) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+  int sum = 0;
+  for (int j = 0; j < 32; ++j) {
+    // nearbyint rounds half to even in the default rounding mode, as torch.round does.
+    const int v = std::max(-127, std::min(127, static_cast<int>(std::nearbyint(x[j] * inv))));
+    q[j] = static_cast<int8_t>(v);
+    sum += v;
+  }
+  *isum = sum;
+  return d;
+}
+
+namespace {
+
+void quantize_scalar(const float* x, int64_t k, int8_t* q, float* d, float* s) {
+  for (int64_t b = 0; b < k / 32; ++b) {
+    int isum;
+    d[b] = quantize_q8_block(x + 32 * b, q + 32 * b, &isum);
+    s[b] = d[b] * static_cast<float>(isum);
+  }
+}
+
+// Integer block dot of weight block `blk` (its quant bytes) with 32 int8 activations.
+inline int block_isum(int qtype, const uint8_t* blk, const int8_t* xq) {
+  int sum = 0;
+  if (qtype == kQ8_0) {
+    for (int j = 0; j < 32; ++j) sum += static_cast<int8_t>(blk[2 + j]) * xq[j];
+  } else {
+    const uint8_t* qs = blk + (qtype == kQ4_1 ? 4 : 2);
+    for (int j = 0; j < 16; ++j) sum += (qs[j] & 0x0f) * xq[j] + (qs[j] >> 4) * xq[j + 16];
+  }
+  return sum;
+}
+
+void tile_scalar(int qtype, const uint8_t* w, int64_t w_stride, int rows, const Q8Rows& x, int64_t x0, int mt,
+                 float* out, const float* lut) {
+  const int bb = gguf_block_bytes(qtype);
+  const int64_t nb = x.k / 32;
+  for (int i = 0; i < mt; ++i) {
+    const int8_t* xq = x.q + (x0 + i) * x.k;
+    const float* xd = x.d + (x0 + i) * nb;
+    const float* xs = x.s + (x0 + i) * nb;
+    for (int j = 0; j < rows; ++j) {
+      const uint8_t* blk = w + j * w_stride;
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b, blk += bb) {
+        const float dw = lut[load_fp16(blk)];
+        float term = dw * xd[b] * static_cast<float>(block_isum(qtype, blk, xq + 32 * b));
+        if (qtype == kQ4_1) term += lut[load_fp16(blk + 2)] * xs[b];
+        if (qtype == kQ4_0) term += -8.0f * dw * xs[b];
+        acc += term;
+      }
+      out[i * kQ8PanelRows + j] = acc;
+    }
+  }
+}
+
+GgufQ8Kernels kernels_for(Isa isa) {
+  switch (isa) {
+#ifdef ENGINE_X86
+    case Isa::Avx512: return cpu_has_avx512_vnni() ? gguf_q8_kernels_avx512() : gguf_q8_kernels_avx2();
+    case Isa::Avx2: return gguf_q8_kernels_avx2();
+#endif
+#ifdef ENGINE_ARM64
+    case Isa::Neon: return gguf_q8_kernels_neon();
+#endif
+    default: return gguf_q8_kernels_scalar();
+  }
+}
+
+// Below this much work (weight bytes x rows of x, roughly) a chunk stays on one thread.
+constexpr int64_t kMinChunkWork = 1 << 14;
+
+}  // namespace
+
+const char* gguf_q8act_variant() {
+  switch (current_isa()) {
+    case Isa::Avx512: return cpu_has_avx512_vnni() ? "avx512_vnni" : "avx2";
+    case Isa::Avx2: return "avx2";
+    case Isa::Neon: return cpu_has_dotprod() ? "neon_dotprod" : "neon";
+    default: return "scalar";
+  }
+}
+
+GgufQ8Kernels gguf_q8_kernels_scalar() { return {1, 4, quantize_scalar, tile_scalar}; }
+
+void gguf_linear_q8act(const GgufLinearQ8Args& a) {
+  const int bb = gguf_block_bytes(a.qtype);
+  if (bb == 0)
+    throw std::invalid_argument("gguf_linear_q8act: unsupported qtype " + std::to_string(a.qtype) +
+                                "; supported: Q4_0=2, Q4_1=3, Q8_0=8");
+  if (a.k <= 0 || a.k % 32 != 0 || a.m < 0 || a.n < 0)
+    throw std::invalid_argument("gguf_linear_q8act: k must be a positive multiple of 32, m and n >= 0");
+  if (a.w_stride < a.k / 32 * bb || a.x_stride < a.k || a.y_stride < a.n)
+    throw std::invalid_argument("gguf_linear_q8act: a row stride is smaller than its row");
+  if (a.dtype != DType::F32 && a.dtype != DType::BF16)
+    throw std::invalid_argument("gguf_linear_q8act: dtype must be fp32 or bf16");
+  if (a.m == 0 || a.n == 0) return;
+
+  const GgufQ8Kernels kern = kernels_for(current_isa());
+  const float* lut = fp16_lut();
+  const int64_t k = a.k, m = a.m, n = a.n, nb = k / 32;
+
+  thread_local std::vector<int8_t> qbuf;
+  thread_local std::vector<float> dbuf, sbuf;
+  qbuf.resize(static_cast<size_t>(m * k));
+  dbuf.resize(static_cast<size_t>(m * nb * kern.lanes));
+  sbuf.resize(static_cast<size_t>(m * nb * kern.lanes));
+  // Worker threads see their own thread_local buffers: hand them this thread's by address.
+  int8_t* qp = qbuf.data();
+  float* dp = dbuf.data();
+  float* sp = sbuf.data();
+  parallel_for(m, std::max<int64_t>(1, 8192 / k), [&](int64_t r0, int64_t r1) {
+    std::vector<float> row;
+    for (int64_t i = r0; i < r1; ++i) {
+      const float* xr = static_cast<const float*>(a.x) + i * a.x_stride;
+      if (a.dtype == DType::BF16) {  // widened exactly: the codes are those of the fp32 values
+        row.resize(static_cast<size_t>(k));
+        const uint16_t* src = static_cast<const uint16_t*>(a.x) + i * a.x_stride;
+        for (int64_t c = 0; c < k; ++c) row[c] = bf16_to_f32(src[c]);
+        xr = row.data();
+      }
+      const int64_t ds = i * nb * kern.lanes;
+      kern.quantize(xr, k, qp + i * k, dp + ds, sp + ds);
+    }
+  });
+  const Q8Rows xq{qp, dp, sp, k, kern.lanes};
+
+  const int64_t tiles = (n + kQ8PanelRows - 1) / kQ8PanelRows;
+  const int64_t tile_work = nb * bb * kQ8PanelRows * std::max<int64_t>(1, m / 2);
+  for_dynamic_chunks(tiles, std::max<int64_t>(1, kMinChunkWork / tile_work), [&](int64_t t0, int64_t t1) {
+    float tile[64 * kQ8PanelRows];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kQ8PanelRows;
+      const int rows = static_cast<int>(std::min<int64_t>(kQ8PanelRows, n - n0));
+      for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
+        const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
+        kern.tile(a.qtype, a.w + n0 * a.w_stride, a.w_stride, rows, xq, m0, mt, tile, lut);
+        for (int i = 0; i < mt; ++i) {
+          const float* src = tile + i * kQ8PanelRows;
+          if (a.dtype == DType::F32) {
+            std::memcpy(static_cast<float*>(a.y) + (m0 + i) * a.y_stride + n0, src, sizeof(float) * rows);
+          } else {
+            uint16_t* dst = static_cast<uint16_t*>(a.y) + (m0 + i) * a.y_stride + n0;
+            for (int j = 0; j < rows; ++j) dst[j] = f32_to_bf16(src[j]);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace engine_cpu

@@ -1,0 +1,76 @@
+// GGUF linear with Q8 activations: y[m, n] = sum_b dot(q8(x)[m, block b], W[n, block b]) for Q4_0 /
+// Q4_1 / Q8_0 weights kept in their GGUF blocks, the block dots done in integers (AVX-512 VNNI or
+// its BW fallback, AVX2, AArch64 dotprod or plain NEON, scalar).
+//
+// q8(x) is the contract of engine.core.ops.gguf_q8act.quantize_q8_blocks, to the bit: per block of 32,
+// d = max|x| / 127, q = round_half_even(x * (1 / d)) (0 where d = 0). A weight block is q_w * d_w + m_w
+// (Q4_1; Q4_0 is m_w = -8 d_w with q_w in 0..15; Q8_0 has no m_w), so a block contributes
+//   d_w * d_x * sum(q_w * q_x) + m_w * (d_x * sum(q_x)),
+// the integer sum exact; only the fp32 accumulation over blocks rounds.
+#pragma once
+
+#include <cstdint>
+
+#include "convert.h"
+#include "isa.h"
+
+namespace engine_cpu {
+
+struct GgufLinearQ8Args {
+  int qtype;           // 2 = Q4_0, 3 = Q4_1, 8 = Q8_0
+  const void* x;       // [m, k] of dtype, unit stride along k
+  int64_t x_stride;    // elements between rows of x
+  int64_t m;
+  int64_t k;           // multiple of 32
+  const uint8_t* w;    // [n, row_bytes] GGUF blocks
+  int64_t w_stride;    // bytes between weight rows
+  int64_t n;
+  void* y;             // [m, n] of dtype, unit stride along n
+  int64_t y_stride;    // elements between rows of y
+  DType dtype;         // of x and y
+};
+
+// Validates (std::invalid_argument), quantizes x once, then threads split the weight rows.
+void gguf_linear_q8act(const GgufLinearQ8Args& a);
+// The kernel variant gguf_linear_q8act runs on now: avx512_vnni, avx2, neon_dotprod, neon or scalar.
+const char* gguf_q8act_variant();
+
+// Quantized activations as the kernels read them. Each block's scale d and d * sum(q) / kSumLanes
+// ("s") are stored `lanes` times in a row (lanes = 8 on x86, where a vector of 8 or 16 fp32 lanes
+// then loads them directly; 1 elsewhere), so the sum over a vector's lanes of s gives d * sum(q).
+struct Q8Rows {
+  const int8_t* q;   // [m][k]
+  const float* d;    // [m][nb * lanes]
+  const float* s;    // [m][nb * lanes]
+  int64_t k;
+  int lanes;
+};
+
+constexpr int kQ8PanelRows = 4;  // weight rows per tile call
+
+// Per-ISA building blocks.
+//  quantize: one fp32 row of k elements -> q [k], d and s [k / 32 * lanes] in this ISA's layout.
+//  tile:     out[i * kQ8PanelRows + j] = row i of x (i < mt <= max_mt) . weight row j (j < rows <= 4),
+//            rows i of x starting at x row x0; `lut` maps fp16 bits to fp32.
+struct GgufQ8Kernels {
+  int lanes;
+  int max_mt;
+  void (*quantize)(const float* x, int64_t k, int8_t* q, float* d, float* s);
+  void (*tile)(int qtype, const uint8_t* w, int64_t w_stride, int rows, const Q8Rows& x, int64_t x0, int mt,
+               float* out, const float* lut);
+};
+
+GgufQ8Kernels gguf_q8_kernels_scalar();
+#ifdef ENGINE_X86
+GgufQ8Kernels gguf_q8_kernels_avx2();
+GgufQ8Kernels gguf_q8_kernels_avx512();
+#endif
+#ifdef ENGINE_ARM64
+GgufQ8Kernels gguf_q8_kernels_neon();
+#endif
+
+// The scalar quantizer's rounding of one block (shared by the SIMD tails and tests): writes q[32],
+// returns d; *isum receives sum(q).
+float quantize_q8_block(const float* x, int8_t* q, int* isum);
+
+}  // namespace engine_cpu

@@ -1,0 +1,33 @@
+// The dotprod (SDOT) variant of the AArch64 Q8-activation tile: this whole file is compiled for
+// Armv8.2 dotprod, and the driver calls it only where cpu_has_dotprod() says the CPU has it.
+#include "isa.h"
+
+#ifdef ENGINE_ARM64
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("dotprod"))), apply_to = function)
+#else
+#pragma GCC target("arch=armv8.2-a+dotprod")
+#endif
+#include "gguf_q8act_neon.h"
+
+namespace engine_cpu {
+namespace {
+
+struct DotSdot {
+  static inline int32x4_t run(int8x16_t wlo, int8x16_t whi, const int8_t* xq) {
+    return vdotq_s32(vdotq_s32(vdupq_n_s32(0), wlo, vld1q_s8(xq)), whi, vld1q_s8(xq + 16));
+  }
+};
+
+}  // namespace
+
+void gguf_q8_tile_neon_dotprod(int qtype, const uint8_t* w, int64_t ws, int rows, const Q8Rows& x, int64_t x0,
+                               int mt, float* out, const float* lut) {
+  tile<DotSdot>(qtype, w, ws, rows, x, x0, mt, out, lut);
+}
+
+}  // namespace engine_cpu
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#endif  // ENGINE_ARM64
