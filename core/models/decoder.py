@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from engine.core.ops.norm import fused_add_rms_norm, rms_norm
@@ -13,6 +15,7 @@ from .batch import ForwardBatch
 from .config import SUPPORTED_ARCHS, ModelConfig
 from .layers import embed, linear
 from .mlp import GatedMLP, SparseMoE
+from .weights import QuantizedWeight
 
 
 class DecoderLayer:
@@ -41,12 +44,18 @@ class DecoderModel:
     """``forward(input_ids [T], batch, kv_caches) -> hidden [T, hidden]``; ``logits(hidden) -> [N, vocab]`` fp32.
 
     ``kv_caches`` holds one (key_cache, value_cache) pair per layer, each
-    [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype."""
+    [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype. With ``quantize_activations`` every
+    GGUF-quantized matrix multiplies activations rounded to Q8 blocks (ops.gguf_linear_q8act, llama.cpp's CPU
+    arithmetic); otherwise activations stay in ``dtype`` (ops.gguf_linear)."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict, dtype: torch.dtype = torch.float32, device="cpu"):
+    def __init__(self, cfg: ModelConfig, weights: dict, dtype: torch.dtype = torch.float32, device="cpu",
+                 quantize_activations: bool = False):
         if cfg.arch not in SUPPORTED_ARCHS.values():
             raise ValueError(f"unsupported architecture {cfg.arch!r}; supported: {sorted(SUPPORTED_ARCHS)}")
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+        self.quantize_activations = quantize_activations
+        weights = {name: dataclasses.replace(w, quantize_activations=quantize_activations)
+                   if isinstance(w, QuantizedWeight) else w for name, w in weights.items()}
         cos_sin = build_cos_sin_cache(cfg.max_position, cfg.head_dim, cfg.rope_theta, torch.float32,
                                       cfg.rope_scaling, device=self.device)
         self.embed_tokens = weights["model.embed_tokens.weight"]

@@ -8,7 +8,7 @@ from engine.core.ops.activation import silu_and_mul
 from engine.core.ops.moe import fused_moe
 
 from .config import ModelConfig
-from .layers import linear
+from .layers import linear, stack_rows
 from .weights import QuantizedWeight
 
 
@@ -26,11 +26,8 @@ class GatedMLP:
 
 def _stack_rows(a, b):
     """One [2I, H] matrix for gate and up, so the two projections are one GEMM."""
-    if isinstance(a, QuantizedWeight) or isinstance(b, QuantizedWeight):
-        if not (isinstance(a, QuantizedWeight) and isinstance(b, QuantizedWeight) and a.qtype == b.qtype):
-            return _Pair(a, b)
-        return QuantizedWeight(torch.cat([a.raw, b.raw]), a.qtype, a.rows + b.rows, a.cols)
-    return torch.cat([a, b])
+    stacked = stack_rows(a, b)
+    return _Pair(a, b) if stacked is None else stacked
 
 
 class _Pair:

@@ -10,12 +10,14 @@ import torch
 @dataclass
 class QuantizedWeight:
     """A [rows, cols] matrix stored as GGUF blocks: ``raw`` is uint8 [rows, row_bytes] of type ``qtype``
-    (a gguf.GGMLQuantizationType value: Q4_0, Q4_1 or Q8_0). Used through ops.gguf_linear / gguf_dequantize."""
+    (a gguf.GGMLQuantizationType value: Q4_0, Q4_1 or Q8_0). Used through ops.gguf_linear / gguf_dequantize;
+    with ``quantize_activations`` through ops.gguf_linear_q8act (x rounded to Q8 blocks, integer dot products)."""
 
     raw: torch.Tensor
     qtype: int
     rows: int
     cols: int
+    quantize_activations: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:

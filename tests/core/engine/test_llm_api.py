@@ -77,3 +77,20 @@ def test_unknown_model_path_and_platform():
         LLM("/nonexistent/no-such-model.gguf")
     with pytest.raises(PlatformError, match="Did you mean 'cpu'"):
         LLM(platform="cpux")
+
+
+def test_activation_quant_choices(monkeypatch):
+    from engine.core.engine import llm as llm_module
+    from engine.core.ops import KernelRegistry
+
+    with pytest.raises(ValueError, match=r"activation_quant must be one of \('auto', 'q8', 'none'\)"):
+        llm_module.resolve_activation_quant("int8")
+    assert llm_module.resolve_activation_quant("none") == "none"
+    assert llm_module.resolve_activation_quant("q8") == "q8"
+    # auto: q8 exactly where the active platform registered a kernel for gguf_linear_q8act.
+    monkeypatch.setattr(llm_module, "active_registry", lambda: KernelRegistry("bare"))
+    assert llm_module.resolve_activation_quant("auto") == "none"
+    with_kernel = KernelRegistry("cpu")
+    with_kernel.register("gguf_linear_q8act", lambda *a: None, name="k")
+    monkeypatch.setattr(llm_module, "active_registry", lambda: with_kernel)
+    assert llm_module.resolve_activation_quant("auto") == "q8"
