@@ -165,6 +165,7 @@ def run(args) -> int:
         "seed": args.seed, "max_num_seqs": sched.max_num_seqs,
         "max_num_batched_tokens": sched.max_num_batched_tokens, **result,
         "kernels": kernels.by_op(),
+        "platform_facts": {k: str(v) for k, v in llm.platform.facts().items() if k.startswith("native")},
     }
     print(json.dumps(report, indent=2) if args.json else format_text(report))
     return 0
@@ -199,6 +200,7 @@ def format_text(r: dict) -> str:
         f"latency (s)    {_pcts(r['latency_s'], 1.0)}",
         f"KV cache waste {100 * r['kv_waste_mean']:.1f}% time-averaged, {100 * r['kv_waste_max']:.1f}% worst "
         "(allocated slots holding no token)",
+        *(f"{k:<14} {v}" for k, v in r["platform_facts"].items()),
         "kernels in use:",
         kernels,
     ])

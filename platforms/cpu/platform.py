@@ -43,6 +43,20 @@ class CpuPlatform(Platform):
     def supported_dtypes(self) -> tuple[torch.dtype, ...]:
         return (torch.float32, torch.bfloat16)
 
+    def facts(self) -> dict[str, object]:
+        """The base facts plus the native kernels' ISA variant, int8 dot-product kernels and thread count."""
+        out = super().facts()
+        try:
+            from . import _native
+        except Exception as exc:  # reported, not fatal: the op references still run
+            out["native_kernels"] = f"unavailable: {type(exc).__name__}: {exc}"
+            return out
+        out["native_isa"] = (f"{_native.isa()} (this CPU and build run: {', '.join(_native.supported_isas())}; "
+                             "ENGINE_CPU_ISA forces one)")
+        out["native_int8_dot"] = _native.gguf_q8act_variant()
+        out["native_threads"] = f"{_native.num_threads()} (ENGINE_NUM_THREADS sets it)"
+        return out
+
     def register_kernels(self, registry) -> None:
         from .kernels import register
 
