@@ -1,6 +1,7 @@
 // Persistent pool: workers spin briefly on a generation counter (a decode step issues hundreds of
 // short kernels, and a condition-variable wake-up per kernel would cost more than the kernel), then
-// sleep on a condition variable when idle.
+// sleep on a condition variable when idle. Chunks are claimed, not assigned: the caller runs every
+// chunk no worker has claimed, so it never waits for a worker that has not started.
 #include "thread_pool.h"
 
 #include <sched.h>
@@ -47,7 +48,7 @@ class Pool {
   }
 
   void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
-    int64_t chunks = std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)));
+    int64_t chunks = std::min<int64_t>({size(), std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)), kMaxChunks});
     if (chunks <= 1 || in_parallel_) {
       fn(0, n);
       return;
@@ -56,20 +57,46 @@ class Pool {
     fn_ = &fn;
     n_ = n;
     chunks_ = chunks;
-    pending_.store(chunks - 1, std::memory_order_relaxed);
+    remaining_.store(chunks, std::memory_order_relaxed);
+    uint64_t g;
     {
       std::lock_guard<std::mutex> lk(mutex_);
-      generation_.fetch_add(1, std::memory_order_release);
+      g = generation_.load(std::memory_order_relaxed) + 1;
+      claim_.store(claim_word(g, chunks, 0), std::memory_order_release);  // before workers can see `g`
+      generation_.store(g, std::memory_order_release);
     }
     cv_.notify_all();
     in_parallel_ = true;
-    do_chunk(0);
+    // The caller claims chunks too, so a worker that is slow to wake (asleep, or its core busy) costs no
+    // waiting: whatever it has not claimed by the time the caller is free, the caller runs.
+    claim_and_run(g);
     in_parallel_ = false;
-    while (pending_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    while (remaining_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
     fn_ = nullptr;
   }
 
  private:
+  static constexpr int64_t kMaxChunks = 0xffff;
+
+  // claim_ packs the run's generation (low 32 bits), its chunk count and the next unclaimed chunk, so a
+  // claim can never take a chunk of a run other than the one the claimant woke up for.
+  static uint64_t claim_word(uint64_t gen, int64_t chunks, int64_t next) {
+    return ((gen & 0xffffffffu) << 32) | (static_cast<uint64_t>(chunks) << 16) | static_cast<uint64_t>(next);
+  }
+
+  void claim_and_run(uint64_t gen) {
+    uint64_t cur = claim_.load(std::memory_order_acquire);
+    for (;;) {
+      const uint64_t next = cur & 0xffff, chunks = (cur >> 16) & 0xffff;
+      if ((cur >> 32) != (gen & 0xffffffffu) || next >= chunks) return;
+      if (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+        continue;  // `cur` was reloaded
+      do_chunk(static_cast<int64_t>(next));
+      remaining_.fetch_sub(1, std::memory_order_acq_rel);
+      cur = claim_.load(std::memory_order_acquire);
+    }
+  }
+
   void do_chunk(int64_t c) {
     int64_t begin = n_ * c / chunks_, end = n_ * (c + 1) / chunks_;
     if (begin < end) (*fn_)(begin, end);
@@ -77,7 +104,7 @@ class Pool {
 
   // `seen` is the generation when the pool started the thread: a thread scheduled late must still
   // take part in work published after its creation.
-  void worker(int index, uint64_t seen) {
+  void worker(uint64_t seen) {
     in_parallel_ = true;
     for (;;) {
       uint64_t g = seen;
@@ -91,10 +118,7 @@ class Pool {
         g = generation_.load(std::memory_order_acquire);
       }
       seen = g;
-      if (index < chunks_) {
-        do_chunk(index);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
-      }
+      claim_and_run(g);
     }
   }
 
@@ -102,7 +126,7 @@ class Pool {
     if (n < 1) throw std::invalid_argument("number of threads must be >= 1, got " + std::to_string(n));
     quit_.store(false);
     const uint64_t g = generation_.load(std::memory_order_acquire);
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i, g] { worker(i, g); });
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, g] { worker(g); });
   }
 
   void stop() {
@@ -119,7 +143,8 @@ class Pool {
   std::mutex run_mutex_, mutex_;
   std::condition_variable cv_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int64_t> pending_{0};
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> remaining_{0};
   std::atomic<bool> quit_{false};
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0, chunks_ = 0;
