@@ -6,6 +6,7 @@ from a cache warmed by the previous call. For M = 1 (one decode step) and M = 32
 prints, per shape, the median time per call of
 
 * fused:  the registered cpu ``gguf_linear`` implementation (the fused kernel), through its wrapper;
+* q8act:  the cpu ``gguf_linear_q8act`` kernel (x rounded to Q8 blocks, integer block dots: VNNI/AVX2);
 * torch:  ``F.linear`` in fp32 on the weight dequantized beforehand (what a dequantize-at-load engine
           does, 4x the bytes; the issue's goal is the fused INT4 GEMV >= 4x faster than this at M = 1);
 
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.ops import KernelRegistry
+from engine.core.ops.gguf_q8act import gguf_linear_q8act
 from engine.core.ops.gguf_quant import GGUF_QTYPES, Q4_1, Q8_0, gguf_linear
 from engine.platforms.cpu import _native
 from engine.platforms.cpu.kernels import register
@@ -68,6 +70,8 @@ def main() -> None:
     register(reg)
     impls = {i.name: i.fn for i in reg.implementations(gguf_linear)}
     fused, old = impls["fused"], impls["dequant_matmul"]
+    q8act = next(i.fn for i in reg.implementations(gguf_linear_q8act) if i.name == "native")
+    kernels = {"fused": fused, "q8act": q8act}
     gen = torch.Generator().manual_seed(0)
     print(f"isa {_native.isa()}, native threads {_native.num_threads()}, torch threads {torch.get_num_threads()}")
     weights = {}  # name -> list of (raw, fp32 weight), one per layer (one for the head)
@@ -80,37 +84,41 @@ def main() -> None:
         for name, qtype, k, _, _ in SHAPES:  # correctness of what is timed
             raw, w = weights[name][0]
             torch.testing.assert_close(fused(xs[k], raw, qtype, k), F.linear(xs[k], w), atol=1e-3, rtol=1e-3)
-        logs = {(name, which): [] for name, *_ in SHAPES for which in ("fused", "torch")}
-        steps = {"fused": [], "torch": []}
+            torch.testing.assert_close(q8act(xs[k], raw, qtype, k), gguf_linear_q8act.reference(xs[k], raw, qtype, k),
+                                       atol=1e-3, rtol=1e-3)
+        logs = {(name, which): [] for name, *_ in SHAPES for which in ("fused", "q8act", "torch")}
+        steps = {"fused": [], "q8act": [], "torch": []}
         for step in range(args.steps + 1):
-            for which in ("fused", "torch"):
+            for which in ("fused", "q8act", "torch"):
                 t0 = time.perf_counter()
                 for layer in range(LAYERS):
                     for name, qtype, k, _, per_layer in SHAPES:
                         for c in range(per_layer):
                             raw, w = weights[name][layer * per_layer + c]
                             x = xs[k]
-                            timed((lambda: fused(x, raw, qtype, k)) if which == "fused"  # noqa: B023
+                            timed((lambda: kernels[which](x, raw, qtype, k)) if which != "torch"  # noqa: B023
                                   else (lambda: F.linear(x, w)), logs[name, which])  # noqa: B023
                 raw, w = weights["lm head"][0]
                 x = xs[576]
-                timed((lambda: fused(x, raw, Q8_0, 576)) if which == "fused"  # noqa: B023
+                timed((lambda: kernels[which](x, raw, Q8_0, 576)) if which != "torch"  # noqa: B023
                       else (lambda: F.linear(x, w)), logs["lm head", which])  # noqa: B023
                 if step:  # step 0 warms up
                     steps[which].append(time.perf_counter() - t0)
-        print(f"{'shape':<12} {'qtype':<5} {'M':>3} {'K':>5} {'N':>6} {'fused us':>9} {'GB/s':>6} {'torch us':>9} "
-              f"{'speedup':>8} {'old us':>9}")
+        print(f"{'shape':<12} {'qtype':<5} {'M':>3} {'K':>5} {'N':>6} {'fused us':>9} {'GB/s':>6} {'q8act us':>9} "
+              f"{'torch us':>9} {'torch/fused':>11} {'torch/q8act':>11} {'old us':>9}")
         for name, qtype, k, n, _ in SHAPES:
             raw, _ = weights[name][0]
             t_f, t_t = statistics.median(logs[name, "fused"]), statistics.median(logs[name, "torch"])
+            t_q = statistics.median(logs[name, "q8act"])
             old_log = []
             for _ in range(3):
                 timed(lambda: old(xs[k], raw, qtype, k), old_log)  # noqa: B023
             print(f"{name:<12} {GGUF_QTYPES[qtype][0]:<5} {m:>3} {k:>5} {n:>6} {t_f * 1e6:>9.1f} "
-                  f"{raw.numel() / t_f / 1e9:>6.1f} {t_t * 1e6:>9.1f} {t_t / t_f:>7.2f}x {min(old_log) * 1e6:>9.1f}")
-        s_f, s_t = statistics.median(steps["fused"]), statistics.median(steps["torch"])
-        print(f"one step of all linear layers, M={m}: fused {s_f * 1e3:.2f} ms, torch fp32 {s_t * 1e3:.2f} ms "
-              f"({s_t / s_f:.2f}x)\n")
+                  f"{raw.numel() / t_f / 1e9:>6.1f} {t_q * 1e6:>9.1f} {t_t * 1e6:>9.1f} {t_t / t_f:>10.2f}x "
+                  f"{t_t / t_q:>10.2f}x {min(old_log) * 1e6:>9.1f}")
+        s_f, s_q, s_t = (statistics.median(steps[w]) for w in ("fused", "q8act", "torch"))
+        print(f"one step of all linear layers, M={m}: fused {s_f * 1e3:.2f} ms, q8act {s_q * 1e3:.2f} ms, "
+              f"torch fp32 {s_t * 1e3:.2f} ms (torch/fused {s_t / s_f:.2f}x, torch/q8act {s_t / s_q:.2f}x)\n")
 
 if __name__ == "__main__":
     main()
