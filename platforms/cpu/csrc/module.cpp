@@ -20,6 +20,7 @@ namespace engine_cpu {
 void bind_gguf_linear(py::module_& m);  // bind_gguf_linear.cpp
 void bind_attention(py::module_& m);  // bind_attention.cpp
 void bind_small_ops(py::module_& m);  // bind_small_ops.cpp
+void bind_moe(py::module_& m);  // bind_moe.cpp
 }  // namespace engine_cpu
 
 namespace {
@@ -99,4 +100,5 @@ PYBIND11_MODULE(_native, m) {
   bind_gguf_linear(m);
   bind_attention(m);
   bind_small_ops(m);
+  bind_moe(m);
 }

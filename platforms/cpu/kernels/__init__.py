@@ -10,7 +10,8 @@ their references.
 from __future__ import annotations
 
 NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "rms_norm", "fused_add_rms_norm",
-              "paged_attention_decode", "paged_attention_prefill", "write_kv_cache", "silu_and_mul", "rotary_embedding")
+              "paged_attention_decode", "paged_attention_prefill", "write_kv_cache", "silu_and_mul", "rotary_embedding",
+              "fused_moe")
 
 
 def register(registry) -> None:
@@ -22,9 +23,10 @@ def register(registry) -> None:
         for op in NATIVE_OPS:
             registry.skip(op, "native", why)
         return
-    from . import attention, gguf, norm, small_ops
+    from . import attention, gguf, moe, norm, small_ops
 
     gguf.register(registry)
     norm.register(registry)
     attention.register(registry)
     small_ops.register(registry)
+    moe.register(registry)
