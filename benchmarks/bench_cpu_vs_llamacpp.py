@@ -1,0 +1,411 @@
+"""engine vs llama.cpp (llama-cpp-python) vs HF transformers on CPU, on the same GGUF (the built-in default model,
+SmolLM2-135M-Instruct Q4_1), same prompts, greedy decoding, fixed output lengths (EOS ignored), same thread count.
+
+Measures, each system in its own subprocess (so one's threads never compete with another's):
+
+- (a) single-stream decode: one ~64-token chat prompt, 128 greedy output tokens. The first token's arrival is timed
+  separately, so decode tok/s = (128 - 1) / (t_last - t_first) excludes prefill; also ms/token and TTFT.
+- (b) prompt processing: one 512-token prompt (random token ids from --seed), timed to the first generated token;
+  prompt tok/s = 512 / TTFT.
+- (c) throughput: 32 concurrent requests (random ids, lengths 32..64 from --seed) x 128 output tokens; output tok/s
+  over the whole run, prefill included.
+
+How each system runs them:
+
+- engine: ``LLM`` (fp32 activations, GGUF kernels, prefix caching off so repeats recompute); (a) and (b) step the
+  engine and time each token's arrival; (c) is one ``LLM.generate`` of the 32 prompts with
+  ``SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)``. Threads: ENGINE_NUM_THREADS and
+  ``torch.set_num_threads``.
+- llama.cpp: the low-level llama-cpp-python API (``llama_batch_init`` / ``llama_decode``), greedy argmax of the logits
+  in numpy; (c) is llama.cpp's batched decode, as in its ``batched`` example: every prompt prefilled in one batch with
+  its own seq_id (n_seq_max=32), then one ``llama_decode`` of 32 tokens per step. n_threads = n_threads_batch.
+- HF transformers: ``from_pretrained(dir, gguf_file=name)`` dequantised to fp32, ``generate(do_sample=False,
+  min_new_tokens=n)``; a streamer times the tokens; (c) is one ``generate`` on the left-padded batch (skip it with
+  ``--no-hf-batch``; it is the slowest part of the run).
+
+Before timing, the greedy tokens of the chat prompt are compared: the number of leading tokens where engine and
+llama.cpp (and engine and HF) agree. They use different arithmetic, so they may diverge after a while.
+
+llama-cpp-python is a benchmark-only dependency (it builds from its sdist in minutes; it is not in pyproject):
+
+    CMAKE_BUILD_PARALLEL_LEVEL=2 pip install --no-deps llama-cpp-python
+    python benchmarks/bench_cpu_vs_llamacpp.py                  # the full run, all cores
+    python benchmarks/bench_cpu_vs_llamacpp.py --threads 1 --json out.json
+    python benchmarks/bench_cpu_vs_llamacpp.py --quick          # tiny shapes, a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _helpers():
+    """_model_path, _chat_ids and _agree from bench_engine_vs_hf.py, beside this file."""
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    import bench_engine_vs_hf as b
+
+    return b
+
+
+def _decode_rates(times: list[float], t0: float) -> dict:
+    """From the arrival times of the output tokens (perf_counter) and the request's start: TTFT and decode rates."""
+    ttft = times[0] - t0
+    n = len(times) - 1
+    decode = times[-1] - times[0]
+    return {"ttft_s": ttft, "decode_s": decode, "decode_tok_per_s": n / decode if decode > 0 else 0.0,
+            "ms_per_token": 1000 * decode / n if n else 0.0, "total_s": times[-1] - t0}
+
+
+# ---- engine ------------------------------------------------------------------------------------------------------
+def engine_worker(w: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(w["threads"])
+    from engine.core.engine.llm import LLM
+    from engine.core.engine.sampling_params import SamplingParams
+
+    t = time.perf_counter()
+    llm = LLM(dtype="float32", enable_prefix_caching=False)
+    load = time.perf_counter() - t
+    eng = llm.engine
+
+    def timed(prompt: list[int], n: int) -> tuple[list[int], list[float], float]:
+        eng.add_request(list(prompt), SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        toks: list[int] = []
+        times: list[float] = []
+        t0 = time.perf_counter()
+        while eng.has_unfinished():
+            for u in eng.step():
+                if u.new_token_ids:
+                    now = time.perf_counter()
+                    toks += u.new_token_ids
+                    times += [now] * len(u.new_token_ids)
+        return toks, times, t0
+
+    timed(w["warm"], 4)
+    out: dict = {"load_s": load, "threads": torch.get_num_threads()}
+    runs = [timed(w["chat"], w["single_out"]) for _ in range(w["repeat"])]
+    out["single_tokens"] = runs[0][0]
+    out["single"] = max((_decode_rates(tm, t0) for _, tm, t0 in runs), key=lambda r: r["decode_tok_per_s"])
+    ttfts = []
+    for _ in range(w["repeat"]):
+        _, tm, t0 = timed(w["long"], 1)
+        ttfts.append(tm[0] - t0)
+    out["prefill_s"] = min(ttfts)
+    if w["batch"]:
+        params = SamplingParams(temperature=0.0, max_tokens=w["batch_out"], ignore_eos=True)
+        t0 = time.perf_counter()
+        res = llm.generate(w["batch"], params)
+        wall = time.perf_counter() - t0
+        n = sum(len(r.token_ids) for r in res)
+        out["batch"] = {"wall_s": wall, "output_tokens": n, "output_tok_per_s": n / wall}
+    return out
+
+
+# ---- llama.cpp ---------------------------------------------------------------------------------------------------
+def llamacpp_worker(w: dict) -> dict:
+    import ctypes
+
+    import llama_cpp as L
+    import numpy as np
+
+    quiet = L.llama_log_callback(lambda level, text, data: None)  # kept referenced while llama.cpp may log
+    L.llama_log_set(quiet, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    t = time.perf_counter()
+    mparams = L.llama_model_default_params()
+    # Extra buffer types are AMX and the repacked layouts. On x86 this llama.cpp repacks neither Q4_1 nor Q8_0, so
+    # turning them off only turns off AMX, whose tile kernels die with SIGILL on this (virtual) Sapphire Rapids.
+    mparams.use_extra_bufts = w["extra_bufts"]
+    model = L.llama_model_load_from_file(w["model"].encode(), mparams)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {w['model']}")
+    load = time.perf_counter() - t
+    vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+
+    def context(n_ctx: int, n_seq: int, n_batch: int):
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_seq_max, p.n_batch, p.n_ubatch = n_ctx, n_seq, n_batch, min(n_batch, 512)
+        p.n_threads = p.n_threads_batch = w["threads"]
+        p.no_perf = True
+        ctx = L.llama_init_from_model(model, p)
+        if not ctx:
+            raise RuntimeError("llama.cpp could not create a context")
+        return ctx
+
+    def fill(batch, items: list[tuple[int, int, int, bool]]) -> None:
+        """items: (token, position, seq_id, wants logits)."""
+        for i, (tok, pos, seq, logits) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, pos, 1, logits
+            batch.seq_id[i][0] = seq
+        batch.n_tokens = len(items)
+
+    def decode(ctx, batch, n_out: int) -> np.ndarray:
+        """Run the batch; the argmax of each of its n_out output rows (in batch order)."""
+        rc = L.llama_decode(ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        logits = np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(n_out, vocab))
+        return logits.argmax(axis=1)
+
+    ctx = context(1024, 1, 512)
+    batch = L.llama_batch_init(512, 0, 1)
+    mem = L.llama_get_memory(ctx)
+
+    def single(prompt: list[int], n: int) -> tuple[list[int], list[float], float]:
+        L.llama_memory_clear(mem, True)
+        t0 = time.perf_counter()
+        fill(batch, [(tok, i, 0, i == len(prompt) - 1) for i, tok in enumerate(prompt)])
+        toks = [int(decode(ctx, batch, 1)[0])]
+        times = [time.perf_counter()]
+        for k in range(1, n):
+            fill(batch, [(toks[-1], len(prompt) + k - 1, 0, True)])
+            toks.append(int(decode(ctx, batch, 1)[0]))
+            times.append(time.perf_counter())
+        return toks, times, t0
+
+    single(w["warm"], 4)
+    out: dict = {"load_s": load, "threads": w["threads"], "version": L.__version__,
+                 "system_info": L.llama_print_system_info().decode(errors="replace").strip()}
+    runs = [single(w["chat"], w["single_out"]) for _ in range(w["repeat"])]
+    out["single_tokens"] = runs[0][0]
+    out["single"] = max((_decode_rates(tm, t0) for _, tm, t0 in runs), key=lambda r: r["decode_tok_per_s"])
+    ttfts = []
+    for _ in range(w["repeat"]):
+        _, tm, t0 = single(w["long"], 1)
+        ttfts.append(tm[0] - t0)
+    out["prefill_s"] = min(ttfts)
+    L.llama_batch_free(batch)
+    L.llama_free(ctx)
+
+    prompts = w["batch"]
+    if prompts:
+        n_seq, n_out = len(prompts), w["batch_out"]
+        per_seq = max(len(p) for p in prompts) + n_out
+        total = sum(len(p) for p in prompts)
+        ctx = context(n_seq * (per_seq + 64), n_seq, max(total, n_seq))
+        batch = L.llama_batch_init(max(total, n_seq), 0, 1)
+        t0 = time.perf_counter()
+        items = [(tok, i, s, i == len(p) - 1) for s, p in enumerate(prompts) for i, tok in enumerate(p)]
+        fill(batch, items)
+        last = decode(ctx, batch, n_seq)  # one output row per sequence, in sequence order
+        produced = n_seq
+        for k in range(1, n_out):
+            fill(batch, [(int(last[s]), len(prompts[s]) + k - 1, s, True) for s in range(n_seq)])
+            last = decode(ctx, batch, n_seq)
+            produced += n_seq
+        wall = time.perf_counter() - t0
+        out["batch"] = {"wall_s": wall, "output_tokens": produced, "output_tok_per_s": produced / wall,
+                        "n_ctx": L.llama_n_ctx(ctx)}
+        L.llama_batch_free(batch)
+        L.llama_free(ctx)
+    L.llama_model_free(model)
+    return out
+
+
+# ---- HF transformers ---------------------------------------------------------------------------------------------
+def hf_worker(w: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(w["threads"])
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.streamers import BaseStreamer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    path = w["model"]
+    t = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                 dtype=torch.float32).eval()
+    load = time.perf_counter() - t
+    pad = 0  # any id: left padding is masked out
+
+    class Clock(BaseStreamer):
+        """Records when each generated token arrives (the first put() is the prompt)."""
+
+        def __init__(self):
+            self.times: list[float] = []
+            self.seen_prompt = False
+
+        def put(self, value):
+            if self.seen_prompt:
+                self.times.append(time.perf_counter())
+            self.seen_prompt = True
+
+        def end(self):
+            pass
+
+    def single(prompt: list[int], n: int) -> tuple[list[int], list[float], float]:
+        ids = torch.tensor([prompt])
+        clock = Clock()
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            y = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                               do_sample=False, pad_token_id=pad, streamer=clock)
+        return y[0, ids.shape[1]:].tolist(), clock.times, t0
+
+    single(w["warm"], 4)
+    out: dict = {"load_s": load, "threads": torch.get_num_threads()}
+    runs = [single(w["chat"], w["single_out"]) for _ in range(w["repeat"])]
+    out["single_tokens"] = runs[0][0]
+    out["single"] = max((_decode_rates(tm, t0) for _, tm, t0 in runs), key=lambda r: r["decode_tok_per_s"])
+    ttfts = []
+    for _ in range(w["repeat"]):
+        _, tm, t0 = single(w["long"], 1)
+        ttfts.append(tm[0] - t0)
+    out["prefill_s"] = min(ttfts)
+    prompts = w["batch"]
+    if prompts:
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            y = model.generate(ids, attention_mask=mask, max_new_tokens=w["batch_out"],
+                               min_new_tokens=w["batch_out"], do_sample=False, pad_token_id=pad)
+            wall = time.perf_counter() - t0
+        n = (y.shape[1] - width) * len(prompts)
+        out["batch"] = {"wall_s": wall, "output_tokens": n, "output_tok_per_s": n / wall}
+    return out
+
+
+WORKERS = {"engine": engine_worker, "llama.cpp": llamacpp_worker, "hf": hf_worker}
+
+
+# ---- orchestration -----------------------------------------------------------------------------------------------
+def run_worker(kind: str, spec: dict, threads: int) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    env = dict(os.environ, ENGINE_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    t = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--worker", kind, "--spec", f.name], capture_output=True,
+                              text=True, env=env)
+    finally:
+        os.unlink(f.name)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {kind} failed:\n{proc.stderr[-3000:]}")
+    print(f"  {kind:9} done in {time.perf_counter() - t:6.1f} s", file=sys.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _fmt(x) -> str:
+    return "—" if x is None else f"{x:.1f}" if isinstance(x, float) else str(x)
+
+
+def _ratio(x, y) -> str:
+    return "—" if x is None or y is None or y == 0 else f"{x / y:.2f}"
+
+
+def table(res: dict, a) -> str:
+    e, c, h = res["engine"], res["llama.cpp"], res.get("hf")
+
+    def get(r, *keys):
+        for k in keys:
+            if r is None or k not in r:
+                return None
+            r = r[k]
+        return r
+
+    def prompt_rate(r):
+        return None if r is None else a.long_in / r["prefill_s"]
+
+    rows = [
+        (f"(a) decode tok/s, 1 stream, {len(res['chat_ids'])} in / {a.single_out} out",
+         lambda r: get(r, "single", "decode_tok_per_s"), True),
+        ("(a) ms/token (decode)", lambda r: get(r, "single", "ms_per_token"), False),
+        ("(a) time to first token, ms", lambda r: None if r is None else 1000 * r["single"]["ttft_s"], False),
+        (f"(b) prompt tok/s, {a.long_in}-token prompt (TTFT)", prompt_rate, True),
+        (f"(c) output tok/s, {a.batch} x {a.batch_in_min}..{a.batch_in_max} in / {a.batch_out} out",
+         lambda r: get(r, "batch", "output_tok_per_s"), True),
+        ("model load, s", lambda r: get(r, "load_s"), False),
+    ]
+    lines = ["| metric | engine | llama.cpp | HF | engine/llama.cpp | engine/HF |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for label, f, higher_better in rows:
+        x, y, z = f(e), f(c), f(h)
+        note = "" if higher_better else " (lower is better)"
+        lines.append(f"| {label}{note} | {_fmt(x)} | {_fmt(y)} | {_fmt(z)} | {_ratio(x, y)} | {_ratio(x, z)} |")
+    agree = res["agree"]
+    lines.append(f"| greedy tokens agreeing with engine (of {a.single_out}) | — | {agree['llama.cpp']} | "
+                 f"{_fmt(agree.get('hf'))} | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=0, help="threads for every system (default: all CPUs)")
+    p.add_argument("--single-out", type=int, default=128, help="(a) output tokens")
+    p.add_argument("--long-in", type=int, default=512, help="(b) prompt tokens")
+    p.add_argument("--batch", type=int, default=32, help="(c) concurrent requests")
+    p.add_argument("--batch-in-min", type=int, default=32)
+    p.add_argument("--batch-in-max", type=int, default=64)
+    p.add_argument("--batch-out", type=int, default=128)
+    p.add_argument("--repeat", type=int, default=3, help="run (a) and (b) this many times, keep the fastest")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-hf", action="store_true", help="skip HF transformers entirely")
+    p.add_argument("--no-hf-batch", action="store_true", help="skip HF for (c) (its slowest part)")
+    p.add_argument("--llamacpp-amx", action="store_true",
+                   help="let llama.cpp use its extra buffer types (AMX on a CPU that has it; off: SIGILL here)")
+    p.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
+    p.add_argument("--json", help="also write all results to this file")
+    a = p.parse_args(argv)
+    if a.worker:
+        with open(a.spec, encoding="utf-8") as f:
+            spec = json.load(f)
+        print(json.dumps(WORKERS[a.worker](spec)))
+        return 0
+    if a.quick:
+        a.single_out, a.long_in, a.batch, a.batch_in_min, a.batch_in_max, a.batch_out, a.repeat = 16, 64, 4, 8, 16, 8, 1
+    a.threads = a.threads or os.cpu_count() or 1
+    b = _helpers()
+    from engine.core.cli_bench import random_prompts
+
+    vocab = 49152  # SmolLM2's vocabulary; every id below it is valid for all three
+    rng = random.Random(a.seed)
+    lens = [rng.randint(a.batch_in_min, a.batch_in_max) for _ in range(a.batch)]
+    chat = b._chat_ids()
+    spec = {"model": b._model_path(), "threads": a.threads, "extra_bufts": a.llamacpp_amx, "repeat": a.repeat,
+            "single_out": a.single_out, "batch_out": a.batch_out, "chat": chat,
+            "warm": random_prompts(1, 8, vocab, a.seed + 99)[0],
+            "long": random_prompts(1, a.long_in, vocab, a.seed + 1)[0],
+            "batch": random_prompts(a.batch, lens, vocab, a.seed) if a.batch else []}
+    t0, load0 = time.perf_counter(), os.getloadavg()
+    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "chat_ids": chat, "args": {
+        k: getattr(a, k) for k in ("threads", "single_out", "long_in", "batch", "batch_in_min", "batch_in_max",
+                                   "batch_out", "repeat", "seed", "no_hf", "no_hf_batch",
+                                   "llamacpp_amx")}}
+    res["engine"] = run_worker("engine", spec, a.threads)
+    res["llama.cpp"] = run_worker("llama.cpp", spec, a.threads)
+    if not a.no_hf:
+        res["hf"] = run_worker("hf", dict(spec, batch=[] if a.no_hf_batch else spec["batch"]), a.threads)
+    res["agree"] = {k: b._agree(res["engine"]["single_tokens"], res[k]["single_tokens"])
+                    for k in ("llama.cpp", "hf") if k in res}
+    res["total_s"] = time.perf_counter() - t0
+    res["loadavg_start"] = load0
+    print(f"\nllama-cpp-python {res['llama.cpp']['version']}, {a.threads} threads each; "
+          f"llama.cpp: {res['llama.cpp']['system_info']}\n")
+    print(table(res, a))
+    print(f"\ntotal {res['total_s']:.0f} s; 1-minute load average at the start {load0[0]:.2f} on {os.cpu_count()} "
+          "CPUs (other work on the machine makes these numbers noisy, OpenMP runtimes the most)")
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
