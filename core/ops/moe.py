@@ -115,6 +115,7 @@ fused_moe = OpDef(
         _case("one_token", tokens=1, hidden=64, inter=64, experts=8, top_k=2, renormalize=True),
         _case("top1_many", tokens=40, hidden=32, inter=40, experts=4, top_k=1, renormalize=False),
         _case("e16_top4_renorm", tokens=17, hidden=80, inter=56, experts=16, top_k=4, renormalize=True),
+        _case("prefill_top2", tokens=70, hidden=64, inter=48, experts=8, top_k=2, renormalize=True),
     ],
     tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(2e-2, 2e-2)},
     doc=(

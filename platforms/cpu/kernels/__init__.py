@@ -23,10 +23,13 @@ def register(registry) -> None:
         for op in NATIVE_OPS:
             registry.skip(op, "native", why)
         return
-    from . import attention, gguf, moe, norm, small_ops
+    from engine.platforms.cpu import read_cpuinfo
+
+    from . import attention, gguf, moe, moe_bf16_amx, norm, small_ops
 
     gguf.register(registry)
     norm.register(registry)
     attention.register(registry)
     small_ops.register(registry)
     moe.register(registry)
+    moe_bf16_amx.register(registry, read_cpuinfo())

@@ -26,8 +26,8 @@ def threads(request):
 
 @pytest.fixture(scope="module")
 def registry():
-    """A registry holding exactly the cpu platform's native kernels (none may be skipped here)."""
+    """A registry holding exactly the cpu platform's native kernels (none may be skipped here but the AMX-only one)."""
     reg = KernelRegistry("cpu")
     register(reg)
-    assert not reg.skipped(), reg.skipped()
+    assert all(s.name == "bf16_amx_experts" for s in reg.skipped()), reg.skipped()
     return reg
