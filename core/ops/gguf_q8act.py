@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .gguf_quant import BLOCK, Q4_0, Q4_1, Q8_0, _gguf_dequantize_ref, _linear_inputs
+from .gguf_quant import BLOCK, Q4_0, Q4_1, Q8_0, _gguf_dequantize_ref, _linear_inputs, check_linear_x
 from .registry import Case, OpDef, Tolerance
 
 
@@ -34,11 +34,7 @@ def quantize_q8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _gguf_linear_q8act_ref(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
-    if not x.is_floating_point():
-        raise TypeError(f"gguf_linear_q8act: x must be a floating-point tensor, got {x.dtype}")
-    if x.dim() < 1 or x.shape[-1] != cols:
-        raise ValueError(f"gguf_linear_q8act: x must be [..., {cols}] to match the weight's cols, "
-                         f"got {list(x.shape)}")
+    check_linear_x("gguf_linear_q8act", x, cols)
     w = _gguf_dequantize_ref(raw, qtype, cols, torch.float32)
     q, d = quantize_q8_blocks(x)
     xq = (q.float().reshape(*d.shape, BLOCK) * d[..., None]).reshape(x.shape)

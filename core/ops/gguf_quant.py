@@ -116,12 +116,16 @@ gguf_dequantize = OpDef(
 )
 
 
-def _gguf_linear_ref(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+def check_linear_x(op: str, x: torch.Tensor, cols: int) -> None:
+    """x of a GGUF linear op: floating point, [..., cols]."""
     if not x.is_floating_point():
-        raise TypeError(f"gguf_linear: x must be a floating-point tensor, got {x.dtype}")
+        raise TypeError(f"{op}: x must be a floating-point tensor, got {x.dtype}")
     if x.dim() < 1 or x.shape[-1] != cols:
-        raise ValueError(f"gguf_linear: x must be [..., {cols}] to match the weight's cols, "
-                         f"got {list(x.shape)}")
+        raise ValueError(f"{op}: x must be [..., {cols}] to match the weight's cols, got {list(x.shape)}")
+
+
+def _gguf_linear_ref(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+    check_linear_x("gguf_linear", x, cols)
     w = _gguf_dequantize_ref(raw, qtype, cols, torch.float32)
     return (x.float() @ w.t()).to(x.dtype)
 

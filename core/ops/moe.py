@@ -49,16 +49,13 @@ def _check(x, w13, w2, router_logits, top_k):
         raise ValueError(f"top_k must be in [1, {n_exp}] (the number of experts), got {top_k}")
 
 
-def _fused_moe_ref(x, w13, w2, router_logits, top_k, renormalize):
-    _check(x, w13, w2, router_logits, top_k)
+def expert_groups(router_logits: torch.Tensor, top_k: int, renormalize: bool, num_experts: int):
+    """Route, then group the (token, slot) pairs by expert: yields (expert, token indices, their routing weights
+    [n, 1] fp32) for every expert with tokens, in expert order, tokens ascending (one sort for all experts)."""
     weights, ids = route(router_logits, top_k, renormalize)
-    inter = w13.shape[1] // 2
-    xf = x.float()
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    # Group the (token, slot) pairs by expert: one sort, then one GEMM pair per expert on its own tokens.
     flat_ids = ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
     flat_w = weights.reshape(-1)
     start = 0
     for e, n in enumerate(counts):
@@ -66,11 +63,18 @@ def _fused_moe_ref(x, w13, w2, router_logits, top_k, renormalize):
             continue
         pairs = order[start:start + n]
         start += n
-        tokens = pairs // top_k
+        yield e, pairs // top_k, flat_w[pairs, None]
+
+
+def _fused_moe_ref(x, w13, w2, router_logits, top_k, renormalize):
+    _check(x, w13, w2, router_logits, top_k)
+    inter = w13.shape[1] // 2
+    xf = x.float()
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e, tokens, weight in expert_groups(router_logits, top_k, renormalize, w13.shape[0]):
         gate_up = xf[tokens] @ w13[e].float().t()
         h = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = h @ w2[e].float().t()
-        out.index_add_(0, tokens, y * flat_w[pairs, None])
+        out.index_add_(0, tokens, (h @ w2[e].float().t()) * weight)
     return out.to(x.dtype)
 
 

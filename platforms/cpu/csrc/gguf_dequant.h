@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "convert.h"
 #include "isa.h"
@@ -21,6 +22,17 @@ struct DequantArgs {
   int64_t dst_stride;  // elements between rows
   DType dtype;
 };
+
+// f(std::integral_constant<int, kQ>{}) for the block type `qtype`, so a kernel template gets it at compile
+// time (anything but Q4_0 / Q4_1 is taken as Q8_0: callers validate qtype first).
+template <typename F>
+inline void with_qtype(int qtype, F&& f) {
+  switch (qtype) {
+    case kQ4_0: return f(std::integral_constant<int, kQ4_0>{});
+    case kQ4_1: return f(std::integral_constant<int, kQ4_1>{});
+    default: return f(std::integral_constant<int, kQ8_0>{});
+  }
+}
 
 // Bytes per 32-element block, or 0 for an unsupported qtype.
 int gguf_block_bytes(int qtype);

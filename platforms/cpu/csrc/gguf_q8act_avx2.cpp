@@ -87,23 +87,14 @@ ENGINE_AVX2 void tile_t(const uint8_t* w, int64_t ws, int rows, const Q8Rows& x,
     for (int j = 0; j < 4; ++j) out[i * 4 + j] = hsum8(acc[i][j]);
 }
 
-template <int kQ>
-void tile_q(const uint8_t* w, int64_t ws, int rows, const Q8Rows& x, int64_t x0, int mt, float* out,
-            const float* lut) {
-  switch (mt) {
-    case 1: return tile_t<kQ, 1>(w, ws, rows, x, x0, out, lut);
-    case 2: return tile_t<kQ, 2>(w, ws, rows, x, x0, out, lut);
-    default: return tile_t<kQ, 3>(w, ws, rows, x, x0, out, lut);
-  }
-}
-
 void tile(int qtype, const uint8_t* w, int64_t ws, int rows, const Q8Rows& x, int64_t x0, int mt, float* out,
           const float* lut) {
-  switch (qtype) {
-    case kQ4_0: return tile_q<kQ4_0>(w, ws, rows, x, x0, mt, out, lut);
-    case kQ4_1: return tile_q<kQ4_1>(w, ws, rows, x, x0, mt, out, lut);
-    default: return tile_q<kQ8_0>(w, ws, rows, x, x0, mt, out, lut);
-  }
+  with_qtype(qtype, [&](auto q) {
+    constexpr int kQ = decltype(q)::value;
+    if (mt == 1) return tile_t<kQ, 1>(w, ws, rows, x, x0, out, lut);
+    if (mt == 2) return tile_t<kQ, 2>(w, ws, rows, x, x0, out, lut);
+    tile_t<kQ, 3>(w, ws, rows, x, x0, out, lut);
+  });
 }
 
 }  // namespace

@@ -129,24 +129,15 @@ ENGINE_AVX512VNNI void tile_t(const uint8_t* w, int64_t ws, int rows, const Q8Ro
   for (int i = 0; i < MT; ++i) _mm_storeu_ps(out + i * 4, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
 }
 
-template <int kQ>
-void tile_q(const uint8_t* w, int64_t ws, int rows, const Q8Rows& x, int64_t x0, int mt, float* out,
-            const float* lut) {
-  switch (mt) {
-    case 1: return tile_t<kQ, 1>(w, ws, rows, x, x0, out, lut);
-    case 2: return tile_t<kQ, 2>(w, ws, rows, x, x0, out, lut);
-    case 3: return tile_t<kQ, 3>(w, ws, rows, x, x0, out, lut);
-    default: return tile_t<kQ, 4>(w, ws, rows, x, x0, out, lut);
-  }
-}
-
 void tile(int qtype, const uint8_t* w, int64_t ws, int rows, const Q8Rows& x, int64_t x0, int mt, float* out,
           const float* lut) {
-  switch (qtype) {
-    case kQ4_0: return tile_q<kQ4_0>(w, ws, rows, x, x0, mt, out, lut);
-    case kQ4_1: return tile_q<kQ4_1>(w, ws, rows, x, x0, mt, out, lut);
-    default: return tile_q<kQ8_0>(w, ws, rows, x, x0, mt, out, lut);
-  }
+  with_qtype(qtype, [&](auto q) {
+    constexpr int kQ = decltype(q)::value;
+    if (mt == 1) return tile_t<kQ, 1>(w, ws, rows, x, x0, out, lut);
+    if (mt == 2) return tile_t<kQ, 2>(w, ws, rows, x, x0, out, lut);
+    if (mt == 3) return tile_t<kQ, 3>(w, ws, rows, x, x0, out, lut);
+    tile_t<kQ, 4>(w, ws, rows, x, x0, out, lut);
+  });
 }
 
 }  // namespace

@@ -55,11 +55,7 @@ void tile_t(const uint8_t* w, int64_t ws, int rows, const Q8Rows& x, int64_t x0,
 template <typename Dot>
 void tile(int qtype, const uint8_t* w, int64_t ws, int rows, const Q8Rows& x, int64_t x0, int mt, float* out,
           const float* lut) {
-  switch (qtype) {
-    case kQ4_0: return tile_t<kQ4_0, Dot>(w, ws, rows, x, x0, mt, out, lut);
-    case kQ4_1: return tile_t<kQ4_1, Dot>(w, ws, rows, x, x0, mt, out, lut);
-    default: return tile_t<kQ8_0, Dot>(w, ws, rows, x, x0, mt, out, lut);
-  }
+  with_qtype(qtype, [&](auto q) { tile_t<decltype(q)::value, Dot>(w, ws, rows, x, x0, mt, out, lut); });
 }
 
 }  // namespace

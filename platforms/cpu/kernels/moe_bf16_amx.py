@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.core.ops.moe import fused_moe, route
+from engine.core.ops.moe import expert_groups, fused_moe
 
 from ._common import PRIORITY
 
@@ -37,23 +37,12 @@ def _supports(x, w13, w2, router_logits, top_k, renormalize):
 
 
 def _experts_bf16(x, w13, w2, router_logits, top_k, renormalize):
-    weights, ids = route(router_logits, top_k, renormalize)
     inter = w13.shape[1] // 2
     out = torch.zeros(x.shape, dtype=torch.float32)
-    flat_ids = ids.reshape(-1)
-    order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
-    flat_w = weights.reshape(-1)
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        pairs = order[start:start + n]
-        start += n
-        tokens = pairs // top_k
+    for e, tokens, weight in expert_groups(router_logits, top_k, renormalize, w13.shape[0]):
         gate_up = F.linear(x[tokens], w13[e])
         h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out.index_add_(0, tokens, F.linear(h, w2[e]).float() * flat_w[pairs, None])
+        out.index_add_(0, tokens, F.linear(h, w2[e]).float() * weight)
     return out.to(x.dtype)
 
 
