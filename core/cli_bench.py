@@ -200,7 +200,7 @@ def format_text(r: dict) -> str:
         f"latency (s)    {_pcts(r['latency_s'], 1.0)}",
         f"KV cache waste {100 * r['kv_waste_mean']:.1f}% time-averaged, {100 * r['kv_waste_max']:.1f}% worst "
         "(allocated slots holding no token)",
-        *(f"{k:<14} {v}" for k, v in r["platform_facts"].items()),
+        *(f"{k:<16} {v}" for k, v in r["platform_facts"].items()),
         "kernels in use:",
         kernels,
     ])

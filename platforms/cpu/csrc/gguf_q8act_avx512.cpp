@@ -136,13 +136,15 @@ void tile(int qtype, const uint8_t* w, int64_t ws, int rows, const Q8Rows& x, in
     if (mt == 1) return tile_t<kQ, 1>(w, ws, rows, x, x0, out, lut);
     if (mt == 2) return tile_t<kQ, 2>(w, ws, rows, x, x0, out, lut);
     if (mt == 3) return tile_t<kQ, 3>(w, ws, rows, x, x0, out, lut);
-    tile_t<kQ, 4>(w, ws, rows, x, x0, out, lut);
+    if (mt == 4) return tile_t<kQ, 4>(w, ws, rows, x, x0, out, lut);
+    if (mt == 5) return tile_t<kQ, 5>(w, ws, rows, x, x0, out, lut);
+    tile_t<kQ, 6>(w, ws, rows, x, x0, out, lut);
   });
 }
 
 }  // namespace
 
-GgufQ8Kernels gguf_q8_kernels_avx512() { return {kLanes, 4, quantize, tile}; }
+GgufQ8Kernels gguf_q8_kernels_avx512() { return {kLanes, 6, quantize, tile}; }
 
 }  // namespace engine_cpu
 #endif  // ENGINE_X86
