@@ -12,14 +12,11 @@ import os
 import sys
 import time
 
+from engine.core.cli_generate import add_model_arguments, load_llm
+
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", help="GGUF file or HF directory (default: the built-in SmolLM2-135M-Instruct)")
-    p.add_argument("--platform", help="force a platform (same as ENGINE_PLATFORM)")
-    p.add_argument("--dtype", default="float32", help="activation dtype: float32 (default) or bfloat16")
-    p.add_argument("--activation-quant", default="none", choices=("none", "q8", "auto"),
-                   help="GGUF weights: round activations to Q8 blocks before each quantized matmul (q8, as llama.cpp"
-                        " on CPUs; auto = q8 where the platform has a kernel for it) or not (none, the default)")
+    add_model_arguments(p)
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
     p.add_argument("--output-len", type=int, default=128, help="generated tokens per request")
@@ -139,13 +136,11 @@ def _check_args(args) -> None:
 
 
 def run(args) -> int:
-    from engine.core.engine.llm import LLM
     from engine.core.ops.registry import active_registry
 
     _check_args(args)
     kwargs = {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens") if getattr(args, k)}
-    llm = LLM(args.model, platform=args.platform, dtype=args.dtype, activation_quant=args.activation_quant,
-              **kwargs)
+    llm = load_llm(args, **kwargs)
     kernels = KernelChoiceLog.install(active_registry())
     if args.input_len + args.output_len > llm.max_model_len:
         raise ValueError(f"--input-len {args.input_len} + --output-len {args.output_len} exceeds the context of "

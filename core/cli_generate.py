@@ -5,15 +5,27 @@ from __future__ import annotations
 import sys
 
 
-def add_arguments(p) -> None:
-    p.add_argument("prompts", nargs="*", help="prompts (default: read one prompt from stdin; '-' also reads stdin)")
-    p.add_argument("--file", help="read prompts from this file, one per line")
+def add_model_arguments(p) -> None:
+    """The options that choose the model and how it runs (shared by generate and bench); see load_llm."""
     p.add_argument("--model", help="GGUF file or HF directory (default: the built-in SmolLM2-135M-Instruct)")
     p.add_argument("--platform", help="force a platform (same as ENGINE_PLATFORM)")
     p.add_argument("--dtype", default="float32", help="activation dtype: float32 (default) or bfloat16")
     p.add_argument("--activation-quant", default="none", choices=("none", "q8", "auto"),
                    help="GGUF weights: round activations to Q8 blocks before each quantized matmul (q8, as llama.cpp"
                         " on CPUs; auto = q8 where the platform has a kernel for it) or not (none, the default)")
+
+
+def load_llm(args, **kwargs):
+    from engine.core.engine.llm import LLM
+
+    return LLM(args.model, platform=args.platform, dtype=args.dtype, activation_quant=args.activation_quant,
+               **kwargs)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("prompts", nargs="*", help="prompts (default: read one prompt from stdin; '-' also reads stdin)")
+    p.add_argument("--file", help="read prompts from this file, one per line")
+    add_model_arguments(p)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -42,13 +54,12 @@ def read_prompts(args) -> list[str]:
 
 
 def run(args) -> int:
-    from engine.core.engine.llm import LLM
     from engine.core.engine.sampling_params import SamplingParams
 
     prompts = read_prompts(args)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                             seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
-    llm = LLM(args.model, platform=args.platform, dtype=args.dtype, activation_quant=args.activation_quant)
+    llm = load_llm(args)
     chat = not args.no_chat and llm.tokenizer.chat_template is not None
     inputs = [llm.tokenizer.encode(llm.chat_prompt([{"role": "user", "content": p}]), add_special_tokens=False)
               if chat else p for p in prompts]

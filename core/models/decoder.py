@@ -54,8 +54,9 @@ class DecoderModel:
             raise ValueError(f"unsupported architecture {cfg.arch!r}; supported: {sorted(SUPPORTED_ARCHS)}")
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
         self.quantize_activations = quantize_activations
-        weights = {name: dataclasses.replace(w, quantize_activations=quantize_activations)
-                   if isinstance(w, QuantizedWeight) else w for name, w in weights.items()}
+        if quantize_activations:
+            weights = {name: dataclasses.replace(w, quantize_activations=True) if isinstance(w, QuantizedWeight)
+                       else w for name, w in weights.items()}
         cos_sin = build_cos_sin_cache(cfg.max_position, cfg.head_dim, cfg.rope_theta, torch.float32,
                                       cfg.rope_scaling, device=self.device)
         self.embed_tokens = weights["model.embed_tokens.weight"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .gguf_quant import BLOCK, Q4_0, Q4_1, Q8_0, _gguf_dequantize_ref, _linear_inputs, check_linear_x
+from .gguf_quant import BLOCK, LINEAR_CASES, Q8_0, _gguf_dequantize_ref, _linear_inputs, check_linear_x
 from .registry import Case, OpDef, Tolerance
 
 
@@ -33,12 +33,16 @@ def quantize_q8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(x.shape), d
 
 
+def q8_round(x: torch.Tensor) -> torch.Tensor:
+    """x as the op sees it: rounded to Q8 blocks (:func:`quantize_q8_blocks`) and back, fp32 q * d."""
+    q, d = quantize_q8_blocks(x)
+    return (q.float().reshape(*d.shape, BLOCK) * d[..., None]).reshape(x.shape)
+
+
 def _gguf_linear_q8act_ref(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
     check_linear_x("gguf_linear_q8act", x, cols)
     w = _gguf_dequantize_ref(raw, qtype, cols, torch.float32)
-    q, d = quantize_q8_blocks(x)
-    xq = (q.float().reshape(*d.shape, BLOCK) * d[..., None]).reshape(x.shape)
-    return (xq @ w.t()).to(x.dtype)
+    return (q8_round(x) @ w.t()).to(x.dtype)
 
 
 def _gguf_linear_q8act_fake(x, raw, qtype, cols):
@@ -51,12 +55,7 @@ gguf_linear_q8act = OpDef(
     reference=_gguf_linear_q8act_ref,
     fake=_gguf_linear_q8act_fake,
     make_inputs=_linear_inputs,
-    cases=[Case("q4_0_decode", {"qtype": Q4_0, "m": 1, "n": 48, "k": 64}),
-           Case("q4_1_smollm", {"qtype": Q4_1, "m": 7, "n": 64, "k": 576}),
-           Case("q8_0_head", {"qtype": Q8_0, "m": 3, "n": 100, "k": 576}),
-           Case("q4_1_prefill", {"qtype": Q4_1, "m": 33, "n": 96, "k": 1536}),
-           Case("q4_0_odd", {"qtype": Q4_0, "m": 5, "n": 7, "k": 96}),
-           Case("q8_0_one_block", {"qtype": Q8_0, "m": 2, "n": 9, "k": 32})],
+    cases=[*LINEAR_CASES, Case("q8_0_one_block", {"qtype": Q8_0, "m": 2, "n": 9, "k": 32})],
     # fp32: the same codes and scales as the reference, so only the order of the fp32 sums differs.
     tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(5e-2, 2e-2)},
     doc="y = q8(x) @ dequant(raw)^T: x [..., cols] rounded to Q8 blocks (quantize_q8_blocks), raw GGUF "

@@ -140,17 +140,20 @@ def _linear_inputs(p, dtype, device, gen):
     return randn((p["m"], k), dtype, device, gen), raw, p["qtype"], k
 
 
+# Shared with gguf_linear_q8act (the same inputs): a decode row, SmolLM2's shapes, the Q8_0 head, a prefill, odd N.
+LINEAR_CASES = [Case("q4_0_decode", {"qtype": Q4_0, "m": 1, "n": 48, "k": 64}),
+                Case("q4_1_smollm", {"qtype": Q4_1, "m": 7, "n": 64, "k": 576}),
+                Case("q8_0_head", {"qtype": Q8_0, "m": 3, "n": 100, "k": 576}),
+                Case("q4_1_prefill", {"qtype": Q4_1, "m": 33, "n": 96, "k": 1536}),
+                Case("q4_0_odd", {"qtype": Q4_0, "m": 5, "n": 7, "k": 96})]
+
 gguf_linear = OpDef(
     name="gguf_linear",
     schema="(Tensor x, Tensor raw, int qtype, int cols) -> Tensor",
     reference=_gguf_linear_ref,
     fake=_gguf_linear_fake,
     make_inputs=_linear_inputs,
-    cases=[Case("q4_0_decode", {"qtype": Q4_0, "m": 1, "n": 48, "k": 64}),
-           Case("q4_1_smollm", {"qtype": Q4_1, "m": 7, "n": 64, "k": 576}),
-           Case("q8_0_head", {"qtype": Q8_0, "m": 3, "n": 100, "k": 576}),
-           Case("q4_1_prefill", {"qtype": Q4_1, "m": 33, "n": 96, "k": 1536}),
-           Case("q4_0_odd", {"qtype": Q4_0, "m": 5, "n": 7, "k": 96})],
+    cases=LINEAR_CASES,
     # bf16 covers implementations that round the dequantized weight to bf16 before an fp32-accumulating dot.
     tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(5e-2, 2e-2)},
     doc="y = x @ dequant(raw)^T: x [..., cols], raw GGUF [N, row_bytes] -> [..., N] in x.dtype, fp32 "

@@ -2,8 +2,6 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
 #include "gguf_linear.h"
 #include "gguf_q8act.h"
@@ -12,35 +10,33 @@ namespace py = pybind11;
 
 namespace engine_cpu {
 
-void bind_gguf_linear(py::module_& m) {
+namespace {
+
+// Both GGUF linears take the same raw-address arguments (GgufLinearArgs); their drivers validate them,
+// the dtype code included.
+template <void (*Fn)(const GgufLinearArgs&)>
+void def_gguf_linear(py::module_& m, const char* name, const char* doc) {
   m.def(
-      "gguf_linear",
+      name,
       [](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w, int64_t w_stride,
          int64_t n, std::uintptr_t y, int64_t y_stride, int dtype) {
-        if (dtype != static_cast<int>(DType::F32) && dtype != static_cast<int>(DType::BF16))
-          throw std::invalid_argument("dtype code must be 0 (fp32) or 1 (bf16), got " + std::to_string(dtype));
-        gguf_linear({qtype, reinterpret_cast<const void*>(x), x_stride, rows, k, reinterpret_cast<const uint8_t*>(w),
-                     w_stride, n, reinterpret_cast<void*>(y), y_stride, static_cast<DType>(dtype)});
+        Fn({qtype, reinterpret_cast<const void*>(x), x_stride, rows, k, reinterpret_cast<const uint8_t*>(w),
+            w_stride, n, reinterpret_cast<void*>(y), y_stride, static_cast<DType>(dtype)});
       },
       py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
       py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"),
-      py::call_guard<py::gil_scoped_release>(),
+      py::call_guard<py::gil_scoped_release>(), doc);
+}
+
+}  // namespace
+
+void bind_gguf_linear(py::module_& m) {
+  def_gguf_linear<gguf_linear>(
+      m, "gguf_linear",
       "y[m, n] = x[m, :k] . dequant(w)[n, :k]: x and y of dtype (0 fp32, 1 bf16; strides in elements), w GGUF "
       "Q4_0/Q4_1/Q8_0 rows w_stride bytes apart; fp32 math, never materializes the weight.");
-
-  m.def(
-      "gguf_linear_q8act",
-      [](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w, int64_t w_stride,
-         int64_t n, std::uintptr_t y, int64_t y_stride, int dtype) {
-        if (dtype != static_cast<int>(DType::F32) && dtype != static_cast<int>(DType::BF16))
-          throw std::invalid_argument("dtype code must be 0 (fp32) or 1 (bf16), got " + std::to_string(dtype));
-        gguf_linear_q8act({qtype, reinterpret_cast<const void*>(x), x_stride, rows, k,
-                           reinterpret_cast<const uint8_t*>(w), w_stride, n, reinterpret_cast<void*>(y), y_stride,
-                           static_cast<DType>(dtype)});
-      },
-      py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
-      py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"),
-      py::call_guard<py::gil_scoped_release>(),
+  def_gguf_linear<gguf_linear_q8act>(
+      m, "gguf_linear_q8act",
       "As gguf_linear, with x rounded to Q8 blocks (engine.core.ops.gguf_q8act.quantize_q8_blocks) and integer "
       "block dots.");
   m.def("gguf_q8act_variant", &gguf_q8act_variant,

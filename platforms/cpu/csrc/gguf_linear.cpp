@@ -83,16 +83,21 @@ constexpr int64_t kMinChunkWork = 1 << 15;
 
 GgufLinearKernels gguf_linear_kernels_scalar() { return {decode_scalar, dot_scalar, nullptr}; }
 
-void gguf_linear(const GgufLinearArgs& a) {
+void check_gguf_linear_args(const GgufLinearArgs& a, const char* op) {
+  const std::string name(op);
   if (gguf_block_bytes(a.qtype) == 0)
-    throw std::invalid_argument("gguf_linear: unsupported qtype " + std::to_string(a.qtype) +
+    throw std::invalid_argument(name + ": unsupported qtype " + std::to_string(a.qtype) +
                                 "; supported: Q4_0=2, Q4_1=3, Q8_0=8");
   if (a.k <= 0 || a.k % 32 != 0 || a.m < 0 || a.n < 0)
-    throw std::invalid_argument("gguf_linear: k must be a positive multiple of 32, m and n >= 0");
+    throw std::invalid_argument(name + ": k must be a positive multiple of 32, m and n >= 0");
   if (a.w_stride < a.k / 32 * gguf_block_bytes(a.qtype) || a.x_stride < a.k || a.y_stride < a.n)
-    throw std::invalid_argument("gguf_linear: a row stride is smaller than its row");
+    throw std::invalid_argument(name + ": a row stride is smaller than its row");
   if (a.dtype != DType::F32 && a.dtype != DType::BF16)
-    throw std::invalid_argument("gguf_linear: dtype must be fp32 or bf16");
+    throw std::invalid_argument(name + ": dtype must be fp32 or bf16");
+}
+
+void gguf_linear(const GgufLinearArgs& a) {
+  check_gguf_linear_args(a, "gguf_linear");
   if (a.m == 0 || a.n == 0) return;
 
   const GgufLinearKernels kern = kernels_for(current_isa());

@@ -36,6 +36,9 @@ struct GgufLinearArgs {
 // std::invalid_argument on bad arguments.
 void gguf_linear(const GgufLinearArgs& a);
 
+// The argument checks shared by gguf_linear and gguf_linear_q8act (std::invalid_argument naming `op`).
+void check_gguf_linear_args(const GgufLinearArgs& a, const char* op);
+
 // Panel geometry shared by the ISA variants.
 constexpr int kPanelRows = 4;  // weight rows decoded together
 constexpr int kMaxTileM = 6;   // rows of x per dot call (AVX-512: 6 x 4 accumulators + 5 operands <= 32 registers)

@@ -27,11 +27,7 @@ ENGINE_AVX2 void decode_q(const uint8_t* w, int64_t w_stride, int rows, int64_t 
 
 // The fp16 scale table is not needed here: F16C converts a block's scale in one instruction.
 void decode(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst, const float* /*lut*/) {
-  switch (qtype) {
-    case kQ4_0: return decode_q<kQ4_0>(w, w_stride, rows, k, dst);
-    case kQ4_1: return decode_q<kQ4_1>(w, w_stride, rows, k, dst);
-    default: return decode_q<kQ8_0>(w, w_stride, rows, k, dst);
-  }
+  with_qtype(qtype, [&](auto q) { decode_q<decltype(q)::value>(w, w_stride, rows, k, dst); });
 }
 
 // {sum(a), sum(b), sum(c), sum(d)}.
@@ -154,11 +150,7 @@ void gemv_q(const uint8_t* w, int64_t w_stride, int rows, int64_t k, const float
 
 void gemv(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, const float* x, float* out,
           const float* lut) {
-  switch (qtype) {
-    case kQ4_0: return gemv_q<kQ4_0>(w, w_stride, rows, k, x, out, lut);
-    case kQ4_1: return gemv_q<kQ4_1>(w, w_stride, rows, k, x, out, lut);
-    default: return gemv_q<kQ8_0>(w, w_stride, rows, k, x, out, lut);
-  }
+  with_qtype(qtype, [&](auto q) { gemv_q<decltype(q)::value>(w, w_stride, rows, k, x, out, lut); });
 }
 
 }  // namespace

@@ -49,11 +49,7 @@ ENGINE_AVX512 void decode_q(const uint8_t* w, int64_t w_stride, int rows, int64_
 }
 
 void decode(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst, const float* lut) {
-  switch (qtype) {
-    case kQ4_0: return decode_q<kQ4_0>(w, w_stride, rows, k, dst, lut);
-    case kQ4_1: return decode_q<kQ4_1>(w, w_stride, rows, k, dst, lut);
-    default: return decode_q<kQ8_0>(w, w_stride, rows, k, dst, lut);
-  }
+  with_qtype(qtype, [&](auto q) { decode_q<decltype(q)::value>(w, w_stride, rows, k, dst, lut); });
 }
 
 // MT rows of x against the 4-row panel. U independent accumulator sets hide the FMA latency when
@@ -157,11 +153,7 @@ void gemv_q(const uint8_t* w, int64_t w_stride, int rows, int64_t k, const float
 
 void gemv(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, const float* x, float* out,
           const float* lut) {
-  switch (qtype) {
-    case kQ4_0: return gemv_q<kQ4_0>(w, w_stride, rows, k, x, out, lut);
-    case kQ4_1: return gemv_q<kQ4_1>(w, w_stride, rows, k, x, out, lut);
-    default: return gemv_q<kQ8_0>(w, w_stride, rows, k, x, out, lut);
-  }
+  with_qtype(qtype, [&](auto q) { gemv_q<decltype(q)::value>(w, w_stride, rows, k, x, out, lut); });
 }
 
 }  // namespace

@@ -105,18 +105,10 @@ const char* gguf_q8act_variant() {
 
 GgufQ8Kernels gguf_q8_kernels_scalar() { return {1, 4, quantize_scalar, tile_scalar}; }
 
-void gguf_linear_q8act(const GgufLinearQ8Args& a) {
-  const int bb = gguf_block_bytes(a.qtype);
-  if (bb == 0)
-    throw std::invalid_argument("gguf_linear_q8act: unsupported qtype " + std::to_string(a.qtype) +
-                                "; supported: Q4_0=2, Q4_1=3, Q8_0=8");
-  if (a.k <= 0 || a.k % 32 != 0 || a.m < 0 || a.n < 0)
-    throw std::invalid_argument("gguf_linear_q8act: k must be a positive multiple of 32, m and n >= 0");
-  if (a.w_stride < a.k / 32 * bb || a.x_stride < a.k || a.y_stride < a.n)
-    throw std::invalid_argument("gguf_linear_q8act: a row stride is smaller than its row");
-  if (a.dtype != DType::F32 && a.dtype != DType::BF16)
-    throw std::invalid_argument("gguf_linear_q8act: dtype must be fp32 or bf16");
+void gguf_linear_q8act(const GgufLinearArgs& a) {
+  check_gguf_linear_args(a, "gguf_linear_q8act");
   if (a.m == 0 || a.n == 0) return;
+  const int bb = gguf_block_bytes(a.qtype);
 
   const GgufQ8Kernels kern = kernels_for(current_isa());
   const float* lut = fp16_lut();

@@ -12,26 +12,14 @@
 #include <cstdint>
 
 #include "convert.h"
+#include "gguf_linear.h"
 #include "isa.h"
 
 namespace engine_cpu {
 
-struct GgufLinearQ8Args {
-  int qtype;           // 2 = Q4_0, 3 = Q4_1, 8 = Q8_0
-  const void* x;       // [m, k] of dtype, unit stride along k
-  int64_t x_stride;    // elements between rows of x
-  int64_t m;
-  int64_t k;           // multiple of 32
-  const uint8_t* w;    // [n, row_bytes] GGUF blocks
-  int64_t w_stride;    // bytes between weight rows
-  int64_t n;
-  void* y;             // [m, n] of dtype, unit stride along n
-  int64_t y_stride;    // elements between rows of y
-  DType dtype;         // of x and y
-};
-
-// Validates (std::invalid_argument), quantizes x once, then threads split the weight rows.
-void gguf_linear_q8act(const GgufLinearQ8Args& a);
+// The arguments of gguf_linear (gguf_linear.h). Validates (std::invalid_argument), quantizes x once, then
+// threads split the weight rows.
+void gguf_linear_q8act(const GgufLinearArgs& a);
 // The kernel variant gguf_linear_q8act runs on now: avx512_vnni, avx2, neon_dotprod, neon or scalar.
 const char* gguf_q8act_variant();
 

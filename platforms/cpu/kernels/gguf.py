@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.ops.gguf_q8act import gguf_linear_q8act, quantize_q8_blocks
+from engine.core.ops.gguf_q8act import gguf_linear_q8act, q8_round
 from engine.core.ops.gguf_quant import BLOCK, GGUF_QTYPES, gguf_dequantize, gguf_linear
 from engine.platforms.cpu import _native
 
@@ -61,53 +61,43 @@ def _dequant_matmul(x, raw, qtype, cols):
 # measured on the SmolLM2 Q4_1 shapes, the fused kernel is 1.3-2.7x faster up to M = 64 and
 # 1.2-3x slower from M = 96 to 512 (its 4-row panels re-read x from L2 for every 4 weight rows).
 FUSED_MAX_M = 64
-
-
-def _fused_linear(x, raw, qtype, cols):
-    # Fused (csrc/gguf_linear.h): every weight block is decoded once per call, in registers (M = 1) or
-    # into an L1-resident fp32 panel shared by all rows of x; fp32 math, x is never quantized.
-    # Lean on purpose: a decode step makes ~180 of these calls, and each microsecond here is ~0.2 ms a token.
-    if x.is_contiguous():
-        x2, m, xs = x, x.numel() // cols, cols
-    else:
-        x2, m, xs = rows_of(x)
-    if m > FUSED_MAX_M:
-        return _dequant_matmul(x, raw, qtype, cols)
-    if raw.stride(1) != 1:  # not in the dispatch cache key: copy rather than misread
-        raw = raw.contiguous()
-    n = raw.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype)
-    _native.gguf_linear(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(), n,
-                        DTYPE_CODE[x.dtype])
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
-
-
-# Above this many rows of x, the Q8-activation op quantizes x with torch and multiplies the dequantized
-# operands with torch's GEMM (same codes, so the same result up to the order of the sums).
+# The same for the Q8-activation op, whose fallback rounds x to Q8 blocks with torch first (same codes, so the
+# same result up to the order of the sums).
 Q8ACT_MAX_M = 64
 
 
 def _q8act_dequant_matmul(x, raw, qtype, cols):
-    q, d = quantize_q8_blocks(x)
-    xq = (q.float().reshape(*d.shape, BLOCK) * d[..., None]).reshape(x.shape)
-    return torch.nn.functional.linear(xq, _dequant(raw, qtype, cols, torch.float32)).to(x.dtype)
+    return torch.nn.functional.linear(q8_round(x), _dequant(raw, qtype, cols, torch.float32)).to(x.dtype)
 
 
-def _q8act_linear(x, raw, qtype, cols):
-    # csrc/gguf_q8act.h: x rounded to Q8 blocks once per call, then integer block dots (VNNI/AVX2/SDOT).
-    if x.is_contiguous():
-        x2, m, xs = x, x.numel() // cols, cols
-    else:
-        x2, m, xs = rows_of(x)
-    if m > Q8ACT_MAX_M:
-        return _q8act_dequant_matmul(x, raw, qtype, cols)
-    if raw.stride(1) != 1:
-        raw = raw.contiguous()
-    n = raw.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype)
-    _native.gguf_linear_q8act(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(), n,
-                              DTYPE_CODE[x.dtype])
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+def _native_linear(kernel, max_m: int, fallback):
+    """A wrapper calling ``kernel`` (a _native GGUF linear: csrc/gguf_linear.h or gguf_q8act.h) for up to
+    ``max_m`` rows of x and ``fallback`` above. Lean on purpose: a decode step makes ~120 of these calls, and each
+    microsecond here is ~0.1 ms a token."""
+
+    def linear(x, raw, qtype, cols):
+        if x.is_contiguous():
+            x2, m, xs = x, x.numel() // cols, cols
+        else:
+            x2, m, xs = rows_of(x)
+        if m > max_m:
+            return fallback(x, raw, qtype, cols)
+        if raw.stride(1) != 1:  # not in the dispatch cache key: copy rather than misread
+            raw = raw.contiguous()
+        n = raw.shape[0]
+        y = torch.empty(m, n, dtype=x.dtype)
+        kernel(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(), n,
+               DTYPE_CODE[x.dtype])
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+    return linear
+
+
+# Fused: every weight block is decoded once per call, in registers (M = 1) or into an L1-resident fp32 panel
+# shared by all rows of x; fp32 math, x is never quantized.
+_fused_linear = _native_linear(_native.gguf_linear, FUSED_MAX_M, _dequant_matmul)
+# Q8 activations: x rounded to Q8 blocks once per call, then integer block dots (VNNI/AVX2/SDOT).
+_q8act_linear = _native_linear(_native.gguf_linear_q8act, Q8ACT_MAX_M, _q8act_dequant_matmul)
 
 
 def register(registry) -> None:
