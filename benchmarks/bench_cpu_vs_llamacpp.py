@@ -67,6 +67,19 @@ def _decode_rates(times: list[float], t0: float) -> dict:
 
 
 # ---- engine ------------------------------------------------------------------------------------------------------
+def _single_stream(run, w: dict) -> dict:
+    """(a) and (b) for one system, given run(ids, n) -> (tokens, arrival times, t0): a warm-up, then the best of
+    w["repeat"] runs of the chat prompt (decode rates) and of the long prompt (time to first token)."""
+    run(w["warm"], 4)
+    runs = [run(w["chat"], w["single_out"]) for _ in range(w["repeat"])]
+    prefill = []
+    for _ in range(w["repeat"]):
+        _, tm, t0 = run(w["long"], 1)
+        prefill.append(tm[0] - t0)
+    return {"single_tokens": runs[0][0], "prefill_s": min(prefill),
+            "single": max((_decode_rates(tm, t0) for _, tm, t0 in runs), key=lambda r: r["decode_tok_per_s"])}
+
+
 def engine_worker(w: dict) -> dict:
     import torch
 
@@ -92,16 +105,7 @@ def engine_worker(w: dict) -> dict:
                     times += [now] * len(u.new_token_ids)
         return toks, times, t0
 
-    timed(w["warm"], 4)
-    out: dict = {"load_s": load, "threads": torch.get_num_threads()}
-    runs = [timed(w["chat"], w["single_out"]) for _ in range(w["repeat"])]
-    out["single_tokens"] = runs[0][0]
-    out["single"] = max((_decode_rates(tm, t0) for _, tm, t0 in runs), key=lambda r: r["decode_tok_per_s"])
-    ttfts = []
-    for _ in range(w["repeat"]):
-        _, tm, t0 = timed(w["long"], 1)
-        ttfts.append(tm[0] - t0)
-    out["prefill_s"] = min(ttfts)
+    out: dict = {"load_s": load, "threads": torch.get_num_threads(), **_single_stream(timed, w)}
     if w["batch"]:
         params = SamplingParams(temperature=0.0, max_tokens=w["batch_out"], ignore_eos=True)
         t0 = time.perf_counter()
@@ -174,17 +178,9 @@ def llamacpp_worker(w: dict) -> dict:
             times.append(time.perf_counter())
         return toks, times, t0
 
-    single(w["warm"], 4)
     out: dict = {"load_s": load, "threads": w["threads"], "version": L.__version__,
-                 "system_info": L.llama_print_system_info().decode(errors="replace").strip()}
-    runs = [single(w["chat"], w["single_out"]) for _ in range(w["repeat"])]
-    out["single_tokens"] = runs[0][0]
-    out["single"] = max((_decode_rates(tm, t0) for _, tm, t0 in runs), key=lambda r: r["decode_tok_per_s"])
-    ttfts = []
-    for _ in range(w["repeat"]):
-        _, tm, t0 = single(w["long"], 1)
-        ttfts.append(tm[0] - t0)
-    out["prefill_s"] = min(ttfts)
+                 "system_info": L.llama_print_system_info().decode(errors="replace").strip(),
+                 **_single_stream(single, w)}
     L.llama_batch_free(batch)
     L.llama_free(ctx)
 
@@ -255,16 +251,7 @@ def hf_worker(w: dict) -> dict:
                                do_sample=False, pad_token_id=pad, streamer=clock)
         return y[0, ids.shape[1]:].tolist(), clock.times, t0
 
-    single(w["warm"], 4)
-    out: dict = {"load_s": load, "threads": torch.get_num_threads()}
-    runs = [single(w["chat"], w["single_out"]) for _ in range(w["repeat"])]
-    out["single_tokens"] = runs[0][0]
-    out["single"] = max((_decode_rates(tm, t0) for _, tm, t0 in runs), key=lambda r: r["decode_tok_per_s"])
-    ttfts = []
-    for _ in range(w["repeat"]):
-        _, tm, t0 = single(w["long"], 1)
-        ttfts.append(tm[0] - t0)
-    out["prefill_s"] = min(ttfts)
+    out: dict = {"load_s": load, "threads": torch.get_num_threads(), **_single_stream(single, w)}
     prompts = w["batch"]
     if prompts:
         width = max(len(p) for p in prompts)
