@@ -30,6 +30,9 @@ class Platform:
     description: ClassVar[str] = ""
     # torch.distributed backend used for collectives on this platform.
     dist_backend: ClassVar[str] = "gloo"
+    # True: the KV cache is sized from memory_info() and gpu_memory_utilization (a device of its own);
+    # False: a fixed default budget (host memory, shared with everything else on the machine).
+    memory_sized_kv_cache: ClassVar[bool] = False
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:
@@ -91,6 +94,8 @@ class Platform:
 class TorchAcceleratorPlatform(Platform):
     """A platform whose device facts come from torch's device module for ``device_type``
     (``torch.get_device_module``); GPU plugins subclass this and add probe and kernels."""
+
+    memory_sized_kv_cache = True
 
     def _module(self):
         return torch.get_device_module(self.device_type)

@@ -122,12 +122,19 @@ def select(records: list[PluginRecord], forced: str | None = None) -> PluginReco
 _STATE: dict = {}
 
 
-def activate(name: str | None = None, records: list[PluginRecord] | None = None) -> Platform:
+def activate(name: str | Platform | None = None, records: list[PluginRecord] | None = None) -> Platform:
     """Select a platform (``name``, else $ENGINE_PLATFORM, else by priority), build its kernel
-    registry, and make it the one ops dispatch to. Returns the platform instance."""
-    records = discover() if records is None else records
-    rec = select(records, name or os.environ.get(ENV_VAR) or None)
-    platform = rec.platform_cls()
+    registry, and make it the one ops dispatch to. Returns the platform instance.
+
+    ``name`` may also be a Platform instance (a vendor's or a test's, not installed as an entry point):
+    it is used as it is."""
+    if isinstance(name, Platform):
+        platform = name
+        records = [] if records is None else records
+    else:
+        records = discover() if records is None else records
+        rec = select(records, name or os.environ.get(ENV_VAR) or None)
+        platform = rec.platform_cls()
     registry = build_registry(platform)
     set_active_registry(registry)
     _STATE.update(platform=platform, records=records, registry=registry)

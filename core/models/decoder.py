@@ -15,7 +15,7 @@ from .batch import ForwardBatch
 from .config import SUPPORTED_ARCHS, ModelConfig
 from .layers import embed, linear
 from .mlp import GatedMLP, SparseMoE
-from .weights import QuantizedWeight
+from .weights import QuantizedWeight, to_device
 
 
 class DecoderLayer:
@@ -46,7 +46,7 @@ class DecoderModel:
     ``kv_caches`` holds one (key_cache, value_cache) pair per layer, each
     [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype. With ``quantize_activations`` every
     GGUF-quantized matrix multiplies activations rounded to Q8 blocks (ops.gguf_linear_q8act, llama.cpp's CPU
-    arithmetic); otherwise activations stay in ``dtype`` (ops.gguf_linear)."""
+    arithmetic); otherwise activations stay in ``dtype`` (ops.gguf_linear). Weights are moved to ``device``."""
 
     def __init__(self, cfg: ModelConfig, weights: dict, dtype: torch.dtype = torch.float32, device="cpu",
                  quantize_activations: bool = False):
@@ -54,6 +54,9 @@ class DecoderModel:
             raise ValueError(f"unsupported architecture {cfg.arch!r}; supported: {sorted(SUPPORTED_ARCHS)}")
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
         self.quantize_activations = quantize_activations
+        # Everything the forward pass reads lives on the platform's device, moved once here (one tensor at a
+        # time, so the host copy of each can be freed by the caller as it goes).
+        weights = {name: to_device(w, self.device) for name, w in weights.items()}
         if quantize_activations:
             weights = {name: dataclasses.replace(w, quantize_activations=True) if isinstance(w, QuantizedWeight)
                        else w for name, w in weights.items()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -25,3 +26,10 @@ class QuantizedWeight:
 
 
 Weight = torch.Tensor | QuantizedWeight
+
+
+def to_device(w: Weight, device: torch.device) -> Weight:
+    """The weight on ``device`` (the same object when it is already there)."""
+    if isinstance(w, QuantizedWeight):
+        return w if w.raw.device == device else dataclasses.replace(w, raw=w.raw.to(device))
+    return w if w.device == device else w.to(device)
