@@ -110,6 +110,7 @@ gguf_dequantize = OpDef(
            Case("q8_0_smollm", {"qtype": Q8_0, "rows": 17, "cols": 576}),
            Case("q4_1_one", {"qtype": Q4_1, "rows": 1, "cols": 32})],
     # fp32 is exact up to a fused multiply-add in Q4_1 (one ulp); bf16/fp16 up to one rounding step.
+    rounded_outputs=True,
     tolerances={torch.float32: Tolerance(1e-6, 1e-6), torch.bfloat16: Tolerance(1e-6, 8e-3),
                 torch.float16: Tolerance(1e-6, 1e-3)},
     doc="Raw GGUF bytes [N, row_bytes] (Q4_0, Q4_1, Q8_0) -> weight [N, cols] in dtype (fp32 math).",
@@ -145,7 +146,10 @@ LINEAR_CASES = [Case("q4_0_decode", {"qtype": Q4_0, "m": 1, "n": 48, "k": 64}),
                 Case("q4_1_smollm", {"qtype": Q4_1, "m": 7, "n": 64, "k": 576}),
                 Case("q8_0_head", {"qtype": Q8_0, "m": 3, "n": 100, "k": 576}),
                 Case("q4_1_prefill", {"qtype": Q4_1, "m": 33, "n": 96, "k": 1536}),
-                Case("q4_0_odd", {"qtype": Q4_0, "m": 5, "n": 7, "k": 96})]
+                Case("q4_0_odd", {"qtype": Q4_0, "m": 5, "n": 7, "k": 96}),
+                # above the 64-row switch of the CPU kernels (and the GEMV/GEMM switch of GPU ones)
+                Case("q8_0_prefill_80", {"qtype": Q8_0, "m": 80, "n": 72, "k": 256}),
+                Case("q4_0_prefill_130", {"qtype": Q4_0, "m": 130, "n": 40, "k": 128})]
 
 gguf_linear = OpDef(
     name="gguf_linear",

@@ -36,6 +36,7 @@ rms_norm = OpDef(
     make_inputs=_rms_norm_inputs,
     cases=_CASES,
     tolerances=_TOL,
+    rounded_outputs=True,
     doc="y = x / sqrt(mean(x^2, -1) + eps) * weight, computed in fp32, returned in x.dtype. x: [..., hidden].",
 )
 
@@ -58,5 +59,6 @@ fused_add_rms_norm = OpDef(
     make_inputs=_fused_add_rms_norm_inputs,
     cases=_CASES,
     tolerances=_TOL,
+    rounded_outputs=True,
     doc="s = x + residual (rounded to x.dtype); returns (rms_norm(s, weight, eps), s).",
 )

@@ -51,6 +51,9 @@ class OpDef:
     tolerances: dict  # dtype -> Tolerance
     mutates: tuple[int, ...] = ()  # indices of arguments written in place; these are the outputs compared
     doc: str = ""
+    # The outputs are the correctly rounded fp32 result (elementwise ops): in bf16/fp16 the kit then also
+    # requires almost every element to equal the reference's bit for bit, which truncating kernels fail.
+    rounded_outputs: bool = False
 
     def __post_init__(self):
         _LIB.define(self.name + self.schema)
@@ -85,6 +88,7 @@ class Impl:
     priority: int = 0
     supports: Callable | None = None
     note: str = ""
+    dtypes: tuple | None = None  # the dtypes it claims; None: every dtype of the op its platform supports
 
     def verdict(self, args) -> str | None:
         """None when this implementation accepts ``args``, else the reason it does not."""
@@ -136,11 +140,14 @@ class KernelRegistry:
         self._lock = threading.Lock()
 
     def register(self, op: OpDef | str, fn: Callable, *, name: str, supports: Callable | None = None,
-                 priority: int = 0, platform: str | None = None, note: str = "") -> Impl:
+                 priority: int = 0, platform: str | None = None, note: str = "", dtypes: tuple | None = None) -> Impl:
+        """Add an implementation. ``dtypes`` narrows what it claims (the conformance kit fails a kernel that
+        accepts no case of a dtype it claims); by default it claims every dtype of the op its platform lists."""
         op_name = op if isinstance(op, str) else op.name
         if op_name not in OPS:
             raise KeyError(f"cannot register {name!r}: no op named {op_name!r}; known ops: {sorted(OPS)}")
-        impl = Impl(op_name, name, fn, platform or self.platform, priority, supports, note)
+        impl = Impl(op_name, name, fn, platform or self.platform, priority, supports, note,
+                    tuple(dtypes) if dtypes is not None else None)
         with self._lock:
             lst = self._impls.setdefault(op_name, [])
             if any(i.name == name for i in lst):

@@ -9,6 +9,9 @@ import torch
 
 from engine.core.ops.registry import OPS, Case, Impl, KernelRegistry, OpDef
 
+ROUNDED_DTYPES = (torch.bfloat16, torch.float16)
+MAX_ROUNDING_MISMATCH = 0.01
+
 
 class ConformanceFailure(AssertionError):
     """An implementation disagreed with its op's reference."""
@@ -20,14 +23,32 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Check:
+    """One (op, implementation, case, dtype); ``strided`` hands the implementation non-contiguous views of the
+    inputs it only reads (same values), which it must compute on correctly or decline in ``supports``."""
+
     op: OpDef
     impl: Impl
     case: Case
     dtype: object
+    strided: bool = False
 
     @property
     def id(self) -> str:
-        return f"{self.op.name}-{self.impl.qualname}-{self.case.name}-{_dtype_name(self.dtype)}"
+        return (f"{self.op.name}-{self.impl.qualname}-{self.case.name}-{_dtype_name(self.dtype)}"
+                + ("-strided" if self.strided else ""))
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """One registered implementation and the dtypes it claims: at least one case of each must run."""
+
+    op: OpDef
+    impl: Impl
+    dtypes: tuple
+
+    @property
+    def id(self) -> str:
+        return f"{self.op.name}-{self.impl.qualname}-covers-" + "+".join(map(_dtype_name, self.dtypes))
 
 
 def _dtype_name(dtype) -> str:
@@ -40,17 +61,76 @@ def fresh_seed() -> int:
     return int(env) if env else int.from_bytes(os.urandom(4), "little")
 
 
-def collect_checks(registry: KernelRegistry, op_names=None, include_reference: bool = False) -> list[Check]:
-    """Every registered implementation x case x claimed dtype of every (or each named) op."""
+def ops_without_kernel(registry: KernelRegistry, op_names=None) -> list[str]:
+    return [name for name in sorted(op_names or OPS) if not registry.implementations(name)]
+
+
+def collect_checks(registry: KernelRegistry, op_names=None, include_reference: bool = False,
+                   strided: bool = True) -> list[Check]:
+    """Every registered implementation x case x dtype of every (or each named) op, contiguous and strided.
+
+    An op the platform has no kernel for is checked through its reference, run on the platform's device and
+    compared with the reference on the host: the run still says whether the device computes the op right."""
     checks = []
     for name in sorted(op_names or OPS):
         op = OPS[name]
-        impls = registry.implementations(op) + ([op.reference_impl] if include_reference else [])
+        impls = registry.implementations(op)
+        if not impls or include_reference:
+            impls = impls + [op.reference_impl]
         for impl in impls:
             for case in op.cases:
                 for dtype in case.dtypes or op.dtypes:
                     checks.append(Check(op, impl, case, dtype))
+                    if strided and impl is not op.reference_impl:
+                        checks.append(Check(op, impl, case, dtype, strided=True))
     return checks
+
+
+def collect_coverage(registry: KernelRegistry, platform_dtypes, op_names=None) -> list[Coverage]:
+    """Each registered implementation with the dtypes it claims: those it registered with, else every dtype of
+    its op that the platform lists as supported."""
+    out = []
+    for name in sorted(op_names or OPS):
+        op = OPS[name]
+        for impl in registry.implementations(op):
+            claimed = impl.dtypes if impl.dtypes is not None else tuple(d for d in op.dtypes if d in platform_dtypes)
+            if claimed:
+                out.append(Coverage(op, impl, tuple(claimed)))
+    return out
+
+
+def run_coverage(cov: Coverage, device, seed: int) -> None:
+    """Raise ConformanceFailure when the implementation accepts no case of a dtype it claims (it would pass the
+    kit by declining everything), or when its supports() raises."""
+    for dtype in cov.dtypes:
+        cases = [c for c in cov.op.cases if dtype in (c.dtypes or cov.op.dtypes)]
+        gen = torch.Generator().manual_seed(seed)
+        reasons = []
+        for case in cases:
+            args = cov.op.make_inputs(dict(case.params), dtype, device, gen)
+            reason = _supports(cov.impl, args, f"{cov.id} case {case.name!r}")
+            if reason is None:
+                break
+            reasons.append(f"{case.name}: {reason}")
+        else:
+            raise ConformanceFailure(
+                f"{cov.impl.qualname} claims {_dtype_name(dtype)} for {cov.op.name} but declines every one of its "
+                f"{len(cases)} conformance cases ({'; '.join(reasons) or 'none has this dtype'}); accept them, or "
+                "register it with dtypes=... naming only what it computes")
+
+
+def _supports(impl: Impl, args, context: str) -> str | None:
+    """None when ``impl`` accepts ``args``, else its reason; a supports() that raises is a failure."""
+    if impl.supports is None:
+        return None
+    try:
+        ok = impl.supports(*args)
+    except Exception as exc:
+        raise ConformanceFailure(f"{context}: supports() raised {type(exc).__name__}: {exc}; it must return True "
+                                 "or a short reason, never raise") from exc
+    if ok is True:
+        return None
+    return ok if isinstance(ok, str) and ok else "supports() returned False"
 
 
 def _clone(a):
@@ -94,7 +174,33 @@ def compare(op: OpDef, dtype, got: list[torch.Tensor], want: list[torch.Tensor],
                                      f"(atol={tol.atol}, rtol={tol.rtol}):\n{exc}") from None
         if g.is_floating_point() and g.numel():
             worst = max(worst, (g.double() - w.double()).abs().max().item())
+        if op.rounded_outputs and dtype in ROUNDED_DTYPES and g.dtype == dtype and g.numel() >= 64:
+            off = (_bits(g) != _bits(w)).float().mean().item()
+            if off > MAX_ROUNDING_MISMATCH:
+                raise ConformanceFailure(
+                    f"{context}: output {i} differs from the correctly rounded reference in {off:.1%} of its "
+                    f"elements (at most {MAX_ROUNDING_MISMATCH:.0%} may, where fp32 evaluation order tips a "
+                    "rounding); is it truncated instead of rounded to nearest, or computed in low precision?")
     return worst
+
+
+def _strided(a):
+    """The same values in a non-contiguous view (every other element of a buffer twice as wide)."""
+    if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.numel() > 1:
+        wide = torch.empty((*a.shape[:-1], 2 * a.shape[-1]), dtype=a.dtype, device=a.device)
+        view = wide[..., ::2]
+        view.copy_(a)
+        return view
+    return a
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.detach().cpu().contiguous().view(ints[t.element_size()]) if t.element_size() in ints else t.cpu()
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
 
 
 def run_check(check: Check, device, seed: int) -> float:
@@ -102,12 +208,24 @@ def run_check(check: Check, device, seed: int) -> float:
     op, impl = check.op, check.impl
     gen = torch.Generator().manual_seed(seed)
     args = op.make_inputs(dict(check.case.params), check.dtype, device, gen)
-    reason = impl.verdict(args)
-    if reason is not None:
-        raise Unsupported(f"{impl.qualname} declines {op.name} case {check.case.name!r}: {reason}")
     context = f"{check.id} (seed {seed}; replay with ENGINE_TEST_SEED={seed})"
-    ref_args = _clone(args)
-    impl_args = _clone(args)
+    if check.strided:
+        args = tuple(a if i in op.mutates else _strided(a) for i, a in enumerate(args))
+    reason = _supports(impl, args, context)
+    if reason is not None:
+        raise Unsupported(f"{impl.qualname} declines {op.name} case {check.case.name!r}"
+                          f"{' (strided inputs)' if check.strided else ''}: {reason}")
+    pristine = _clone(args)
+    # The reference reads contiguous inputs; run on the host when the check is of the reference itself.
+    ref_args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in _clone(args))
+    if impl is op.reference_impl:
+        ref_args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in ref_args)
+    impl_args = _clone(args) if not check.strided else tuple(
+        _strided(a) if isinstance(a, torch.Tensor) and not a.is_contiguous() else _clone(a) for a in args)
     want = _outputs(op, ref_args, op.reference(*ref_args))
     got = _outputs(op, impl_args, impl.fn(*impl_args))
+    for i, (before, after) in enumerate(zip(pristine, impl_args, strict=True)):
+        if i not in op.mutates and isinstance(before, torch.Tensor) and not _same_bits(before, after):
+            raise ConformanceFailure(f"{context}: argument {i} was modified; only arguments {list(op.mutates)} "
+                                     "may be written")
     return compare(op, check.dtype, got, want, context)

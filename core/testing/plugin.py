@@ -42,18 +42,29 @@ def _kit_state(config):
 def pytest_report_collectionfinish(config, start_path, items):
     if getattr(config, "_engine_kit", None) is None:
         return None
+    from engine.core.testing.conformance import ops_without_kernel
+
     s = config._engine_kit
-    return f"engine conformance kit: platform={s['platform'].name} seed={s['seed']}"
+    lines = [f"engine conformance kit: platform={s['platform'].name} seed={s['seed']}"]
+    bare = ops_without_kernel(s["registry"], config.getoption("engine_op"))
+    if bare:
+        lines.append(f"no {s['platform'].name} kernel for: {', '.join(bare)} (their references run on "
+                     f"{s['platform'].device()} and are checked against the host's)")
+    return lines
 
 
 def pytest_generate_tests(metafunc):
-    if "engine_check" not in metafunc.fixturenames:
-        return
-    from engine.core.testing.conformance import collect_checks
+    from engine.core.testing.conformance import collect_checks, collect_coverage
 
-    state = _kit_state(metafunc.config)
-    checks = collect_checks(state["registry"], metafunc.config.getoption("engine_op"))
-    metafunc.parametrize("engine_check", checks, ids=[c.id for c in checks])
+    if "engine_check" in metafunc.fixturenames:
+        state = _kit_state(metafunc.config)
+        checks = collect_checks(state["registry"], metafunc.config.getoption("engine_op"))
+        metafunc.parametrize("engine_check", checks, ids=[c.id for c in checks])
+    if "engine_coverage" in metafunc.fixturenames:
+        state = _kit_state(metafunc.config)
+        covs = collect_coverage(state["registry"], state["platform"].supported_dtypes(),
+                                metafunc.config.getoption("engine_op"))
+        metafunc.parametrize("engine_coverage", covs, ids=[c.id for c in covs])
 
 
 @pytest.fixture

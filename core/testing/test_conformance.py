@@ -1,8 +1,8 @@
-"""The kit's one test, parametrized by the plugin over every registered kernel of the platform."""
+"""The kit's tests, parametrized by the plugin over every registered kernel of the platform."""
 
 import pytest
 
-from engine.core.testing.conformance import Unsupported, run_check
+from engine.core.testing.conformance import Unsupported, run_check, run_coverage
 
 
 def test_kernel_matches_reference(engine_check, engine_kit):
@@ -11,3 +11,18 @@ def test_kernel_matches_reference(engine_check, engine_kit):
         run_check(engine_check, platform.device(), seed)
     except Unsupported as exc:
         pytest.skip(str(exc))
+
+
+def test_kernel_runs_every_dtype_it_claims(engine_coverage, engine_kit):
+    platform, _registry, seed = engine_kit
+    run_coverage(engine_coverage, platform.device(), seed)
+
+
+def test_all_reduce_across_two_processes(engine_kit):
+    from engine.core.testing.distributed import check_all_reduce_two_ranks
+
+    platform, _registry, seed = engine_kit
+    if platform.device_type != "cpu" and platform.device_count() < 2:
+        pytest.skip(f"all_reduce across two processes needs two {platform.name} devices; "
+                    f"{platform.device_count()} visible")
+    check_all_reduce_two_ranks(platform.name, seed)

@@ -1,8 +1,13 @@
 """The conformance kit on the platform engine selects here (cpu in CI): every registered kernel vs its reference.
 
-The same test the kit ships (``python -m pytest --pyargs engine.core.testing``), collected in this suite.
+The same tests the kit ships (``python -m pytest --pyargs engine.core.testing``), collected in this suite.
 """
 
-from engine.core.testing.test_conformance import test_kernel_matches_reference
+from engine.core.testing.test_conformance import (
+    test_all_reduce_across_two_processes,
+    test_kernel_matches_reference,
+    test_kernel_runs_every_dtype_it_claims,
+)
 
-__all__ = ["test_kernel_matches_reference"]
+__all__ = ["test_all_reduce_across_two_processes", "test_kernel_matches_reference",
+           "test_kernel_runs_every_dtype_it_claims"]

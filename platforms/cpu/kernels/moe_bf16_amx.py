@@ -51,4 +51,4 @@ def register(registry, cpuinfo: str) -> None:
         registry.skip(fused_moe, "bf16_amx_experts", "this CPU has no AMX-BF16 (cpuinfo flag amx_bf16)")
         return
     registry.register(fused_moe, _experts_bf16, name="bf16_amx_experts", supports=_supports, priority=PRIORITY + 1,
-                      note=f"torch bf16 matmuls per expert on AMX, from {MIN_TOKENS} tokens")
+                      note=f"torch bf16 matmuls per expert on AMX, from {MIN_TOKENS} tokens", dtypes=(torch.bfloat16,))

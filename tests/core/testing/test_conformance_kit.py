@@ -11,8 +11,11 @@ from engine.core.testing.conformance import (
     ConformanceFailure,
     Unsupported,
     collect_checks,
+    collect_coverage,
     fresh_seed,
+    ops_without_kernel,
     run_check,
+    run_coverage,
 )
 from tests.plugin_helpers import run_engine, write_plugin_dist
 
@@ -78,3 +81,105 @@ def test_kit_refuses_an_unavailable_platform():
     proc = run_engine(["--pyargs", "engine.core.testing", "--engine-platform", "cuda", "-q",
                        "-p", "no:cacheprovider", "-o", "addopts="], module="pytest")
     assert proc.returncode != 0 and "not available here" in proc.stdout + proc.stderr
+
+
+def _rms_exact(x, w, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def _checks(reg, **kw):
+    return collect_checks(reg, ["rms_norm"], **kw)
+
+
+def test_a_truncating_bf16_kernel_fails():
+    def truncating(x, w, eps):
+        y = _rms_exact(x.float(), w.float(), eps)  # fp32 result, then cut to bf16 by dropping the low bits
+        return (y.view(torch.int32) & ~0xFFFF).view(torch.float32).to(x.dtype)
+
+    reg = _registry_with(truncating)
+    bf16 = [c for c in _checks(reg, strided=False) if c.dtype == torch.bfloat16 and c.case.name != "tiny"]
+    for check in bf16:
+        with pytest.raises(ConformanceFailure, match="truncated instead of rounded"):
+            run_check(check, torch.device("cpu"), fresh_seed())
+    for check in _checks(_registry_with(_rms_exact), strided=False):  # the rounding kernel passes
+        run_check(check, torch.device("cpu"), fresh_seed())
+
+
+def test_supports_that_raises_is_a_failure_not_a_skip():
+    reg = _registry_with(_rms_exact, supports=lambda x, w, eps: x.no_such_attribute)
+    with pytest.raises(ConformanceFailure, match="supports\\(\\) raised AttributeError"):
+        run_check(_checks(reg)[0], torch.device("cpu"), 0)
+    (cov,) = collect_coverage(reg, (torch.float32,), ["rms_norm"])
+    with pytest.raises(ConformanceFailure, match="never raise"):
+        run_coverage(cov, torch.device("cpu"), 0)
+
+
+def test_a_kernel_that_declines_every_case_of_a_claimed_dtype_fails():
+    reg = _registry_with(_rms_exact, supports=lambda x, w, eps: x.dtype == torch.float32 or "fp32 only")
+    covs = collect_coverage(reg, (torch.float32, torch.bfloat16), ["rms_norm"])
+    assert [c.dtypes for c in covs] == [(torch.float32, torch.bfloat16)]
+    with pytest.raises(ConformanceFailure, match="claims bfloat16 .* declines every one"):
+        run_coverage(covs[0], torch.device("cpu"), fresh_seed())
+    narrow = KernelRegistry("test")
+    narrow.register(rms_norm, _rms_exact, name="fp32_only", dtypes=(torch.float32,),
+                    supports=lambda x, w, eps: x.dtype == torch.float32 or "fp32 only")
+    for cov in collect_coverage(narrow, (torch.float32, torch.bfloat16), ["rms_norm"]):
+        run_coverage(cov, torch.device("cpu"), fresh_seed())
+
+
+def test_a_kernel_that_ignores_strides_fails_the_strided_check():
+    def ignores_strides(x, w, eps):  # reads memory as if x were contiguous, as a raw-pointer kernel might
+        dense = torch.as_strided(x, x.shape, (x.shape[-1], 1)) if x.dim() == 2 else x
+        return _rms_exact(dense, w, eps)
+
+    checks = _checks(_registry_with(ignores_strides))
+    strided = [c for c in checks if c.strided]
+    assert strided and len(strided) == len(checks) // 2
+    for check in strided:
+        with pytest.raises(ConformanceFailure, match="differs from the reference"):
+            run_check(check, torch.device("cpu"), fresh_seed())
+    for check in checks:
+        if not check.strided:
+            run_check(check, torch.device("cpu"), fresh_seed())
+    declining = _registry_with(ignores_strides, supports=lambda x, w, eps: x.is_contiguous() or "contiguous only")
+    with pytest.raises(Unsupported, match="strided inputs.*contiguous only"):
+        run_check([c for c in _checks(declining) if c.strided][0], torch.device("cpu"), 0)
+
+
+def test_a_kernel_that_writes_its_inputs_fails():
+    def scribbles(x, w, eps):
+        out = _rms_exact(x, w, eps)
+        x.mul_(2)
+        return out
+
+    with pytest.raises(ConformanceFailure, match="argument 0 was modified"):
+        run_check(_checks(_registry_with(scribbles), strided=False)[0], torch.device("cpu"), fresh_seed())
+
+
+def test_ops_without_a_kernel_are_checked_through_their_reference():
+    reg = KernelRegistry("bare")
+    checks = collect_checks(reg, ["rms_norm", "silu_and_mul"])
+    assert checks and all(c.impl.platform == "core" and not c.strided for c in checks)
+    assert ops_without_kernel(reg, ["rms_norm", "silu_and_mul"]) == ["rms_norm", "silu_and_mul"]
+    for check in checks:
+        run_check(check, torch.device("cpu"), fresh_seed())
+
+
+def test_kit_fails_a_wrong_all_reduce_across_two_processes(tmp_path):
+    site = write_plugin_dist(tmp_path, "noreduce-vendor", "noreduce", "noreduce_mod", """
+        from engine.core.platform import Platform
+        class NoReduce(Platform):
+            name = "noreduce"
+            priority = 1
+            @classmethod
+            def probe(cls):
+                return True, "emulated"
+            def register_kernels(self, registry):
+                registry.register("all_reduce", lambda x: x.clone(), name="forgets_other_ranks")
+        """, "NoReduce")
+    proc = run_engine(["--pyargs", "engine.core.testing", "--engine-platform", "noreduce", "-q", "-k",
+                       "two_processes", "-p", "no:cacheprovider", "-o", "addopts="], site, module="pytest")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "noreduce.forgets_other_ranks" in out and "differs from the reference" in out
