@@ -25,3 +25,9 @@ class CudaPlatform(TorchAcceleratorPlatform):
 
     def supported_dtypes(self) -> tuple[torch.dtype, ...]:
         return (torch.bfloat16, torch.float16, torch.float32)
+
+    def register_kernels(self, registry) -> None:
+        """The portable Triton kernels (compute capability gates their FP8 and NVFP4 paths)."""
+        from engine.platforms import triton_kernels
+
+        triton_kernels.register(registry, self.device_type, self.capability())

@@ -28,3 +28,9 @@ class RocmPlatform(TorchAcceleratorPlatform):
 
     def fp8_dtype(self) -> torch.dtype:
         return torch.float8_e4m3fnuz if fp8_is_fnuz(self.gcn_arch()) else torch.float8_e4m3fn
+
+    def register_kernels(self, registry) -> None:
+        """The portable Triton kernels on ROCm's Triton backend (AITER adapters come next to them)."""
+        from engine.platforms import triton_kernels
+
+        triton_kernels.register(registry, self.device_type, None)

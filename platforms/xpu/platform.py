@@ -22,3 +22,9 @@ class XpuPlatform(TorchAcceleratorPlatform):
 
     def supported_dtypes(self) -> tuple[torch.dtype, ...]:
         return (torch.bfloat16, torch.float16, torch.float32)
+
+    def register_kernels(self, registry) -> None:
+        """The portable Triton kernels on Intel's Triton backend (oneDNN adapters come next to them)."""
+        from engine.platforms import triton_kernels
+
+        triton_kernels.register(registry, self.device_type, None)

@@ -56,8 +56,8 @@ def test_forcing_unknown_suggests_closest():
 
 
 def test_forcing_unavailable_says_why():
-    with pytest.raises(plugins.PlatformError, match=r"'cuda' was forced but is not available here: .*CUDA"):
-        plugins.select(plugins.discover(), "cuda")
+    with pytest.raises(plugins.PlatformError, match=r"'rocm' was forced but is not available here: .*ROCm"):
+        plugins.select(plugins.discover(), "rocm")
 
 
 def test_no_available_platform_is_an_error():

@@ -78,7 +78,7 @@ def test_kit_fails_a_vendor_plugin_with_a_wrong_kernel(tmp_path):
 
 
 def test_kit_refuses_an_unavailable_platform():
-    proc = run_engine(["--pyargs", "engine.core.testing", "--engine-platform", "cuda", "-q",
+    proc = run_engine(["--pyargs", "engine.core.testing", "--engine-platform", "rocm", "-q",
                        "-p", "no:cacheprovider", "-o", "addopts="], module="pytest")
     assert proc.returncode != 0 and "not available here" in proc.stdout + proc.stderr
 

@@ -1,0 +1,54 @@
+"""The engine end to end on an NVIDIA GPU through the cuda platform: greedy tokens equal HF transformers' on the
+same random-weight model (fp32, 32 tokens) and the CPU engine's. Skipped without a CUDA device (CI has none);
+run on the GPU machine with the rest of the suite."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.core.cli_bench import KernelChoiceLog
+from engine.core.ops.registry import active_registry
+from engine.core.testing.random_model import write_random_llama
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (the cuda platform)")
+transformers = pytest.importorskip("transformers")
+
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_random_llama(tmp_path_factory.mktemp("random_llama"), seed=int.from_bytes(os.urandom(4), "little"))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    return [torch.randint(3, 512, (n,), generator=gen).tolist() for n in (5, 17, 40, 1)]
+
+
+def _engine_tokens(model_dir, platform, prompts):
+    llm = LLM(str(model_dir), platform=platform, dtype="float32", num_kv_blocks=128, block_size=16)
+    log = KernelChoiceLog.install(active_registry())
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True))
+    return llm, [o.token_ids for o in outs], log.by_op()
+
+
+def test_greedy_tokens_equal_transformers_and_the_cpu_engine(model_dir, prompts):
+    llm, gpu, used = _engine_tokens(model_dir, "cuda", prompts)
+    assert llm.platform.name == "cuda" and llm.model.device.type == "cuda"
+    for op in ("paged_attention_decode", "paged_attention_prefill", "write_kv_cache", "rms_norm", "silu_and_mul",
+               "rotary_embedding"):
+        assert used.get(op) and all(not name.startswith("core.") for name in used[op]), (op, used)
+    hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
+    for p, ours in zip(prompts, gpu, strict=True):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=NEW_TOKENS, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+        assert ours == ref, f"prompt of {len(p)} tokens"
+    _, cpu, _ = _engine_tokens(model_dir, "cpu", prompts)
+    assert gpu == cpu
