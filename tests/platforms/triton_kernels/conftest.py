@@ -1,0 +1,46 @@
+"""Fixtures for the portable Triton kernels: on a GPU they run for real; without one (CI) they run
+under the Triton interpreter on CPU tensors, which must be switched on before any kernel is defined."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+triton = pytest.importorskip("triton", reason="the Triton kernel tests need triton (pip install -e '.[test]')")
+
+from engine.core.ops import OPS, Case, KernelRegistry  # noqa: E402
+from engine.core.testing.conformance import Check, run_check  # noqa: E402
+from engine.platforms import triton_kernels  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CAPABILITY = torch.cuda.get_device_capability() if DEVICE == "cuda" else None
+
+
+@pytest.fixture(scope="session")
+def triton_registry() -> KernelRegistry:
+    """Every portable Triton kernel, registered for this run's device (cpu under the interpreter)."""
+    reg = KernelRegistry("triton")
+    triton_kernels.register(reg, DEVICE, CAPABILITY)
+    assert not reg.skipped(), reg.skipped()
+    return reg
+
+
+def run_case(registry: KernelRegistry, op_name: str, impl_name: str, params: dict, dtype, seed: int) -> float:
+    """Check one implementation against its op's reference on the inputs the op generates for ``params``;
+    returns the max abs error (raises ConformanceFailure, or Unsupported if supports() declines)."""
+    op = OPS[op_name]
+    impl = next((i for i in registry.implementations(op) if i.name == impl_name), None)
+    assert impl is not None, f"{impl_name} is not registered for {op_name}: {registry.implementations(op)}"
+    return run_check(Check(op, impl, Case("test", params), dtype), DEVICE, seed)
+
+
+@pytest.fixture
+def seed() -> int:
+    s = int.from_bytes(os.urandom(4), "little")
+    print(f"seed {s}")
+    return s
