@@ -33,6 +33,8 @@ class Platform:
     # True: the KV cache is sized from memory_info() and gpu_memory_utilization (a device of its own);
     # False: a fixed default budget (host memory, shared with everything else on the machine).
     memory_sized_kv_cache: ClassVar[bool] = False
+    # True: decode steps are captured as device graphs and replayed (capture_graph works here).
+    device_graphs: ClassVar[bool] = False
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:
@@ -67,6 +69,14 @@ class Platform:
     def synchronize(self, index: int = 0) -> None:
         """Wait for all queued work on the device."""
 
+    def capture_graph(self, fn, pool=None):
+        """Capture the device work of ``fn()`` once, to replay it later without the host launching each kernel.
+
+        Returns ``(replay, outputs, pool)``: calling ``replay()`` re-runs the captured work on the same buffers,
+        ``outputs`` is what ``fn`` returned (overwritten by each replay), and ``pool`` is the memory pool to hand
+        the next capture so graphs share memory. Raises NotImplementedError where the device has no graphs."""
+        raise NotImplementedError(f"platform {self.name!r} cannot capture device graphs")
+
     def facts(self) -> dict[str, object]:
         """Device facts for ``engine doctor``; never raises."""
         out: dict[str, object] = {"device_type": self.device_type}
@@ -96,6 +106,7 @@ class TorchAcceleratorPlatform(Platform):
     (``torch.get_device_module``); GPU plugins subclass this and add probe and kernels."""
 
     memory_sized_kv_cache = True
+    device_graphs = True
 
     def _module(self):
         return torch.get_device_module(self.device_type)
@@ -112,3 +123,16 @@ class TorchAcceleratorPlatform(Platform):
 
     def synchronize(self, index: int = 0) -> None:
         self._module().synchronize(index)
+
+    def capture_graph(self, fn, pool=None):
+        """Through the device module's graph API (``CUDAGraph`` / ``graph`` / ``graph_pool_handle``, which torch's
+        CUDA and HIP builds share); NotImplementedError where the module has none."""
+        mod = self._module()
+        graph_cls, graph_ctx = getattr(mod, "CUDAGraph", None), getattr(mod, "graph", None)
+        if graph_cls is None or graph_ctx is None:
+            super().capture_graph(fn, pool)
+        pool = mod.graph_pool_handle() if pool is None else pool
+        g = graph_cls()
+        with graph_ctx(g, pool=pool):
+            out = fn()
+        return g.replay, out, pool

@@ -47,7 +47,8 @@ class LLM:
     either, a GPU-like platform sizes the cache from its free memory: ``gpu_memory_utilization`` is the fraction
     of the device's total memory the engine may use for weights, activations and cache (vLLM's meaning); a host
     platform takes 1 GiB. A model or cache that does not fit is a DeviceMemoryError before anything large is
-    allocated on the device.
+    allocated on the device. On platforms with device graphs, decode steps of up to ``max_num_seqs`` sequences are
+    captured once per batch-size bucket and replayed; ``enforce_eager=True`` (vLLM's name) turns that off.
     ``activation_quant``: for GGUF-quantized weights, "q8" rounds activations to Q8 blocks before each quantized
     matmul (integer dot products, as llama.cpp computes on CPUs), "none" (default) keeps them in ``dtype``, "auto"
     is "q8" where the platform has a kernel for it and "none" elsewhere. Q8 rounding can turn a last-bit difference
@@ -60,7 +61,7 @@ class LLM:
                  num_kv_blocks: int | None = None,
                  kv_cache_bytes: int | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 1024,
                  enable_prefix_caching: bool = True, dequantize: bool = False, activation_quant: str = "none",
-                 gpu_memory_utilization: float = 0.9):
+                 gpu_memory_utilization: float = 0.9, enforce_eager: bool = False):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
@@ -88,6 +89,8 @@ class LLM:
             check_kv_fits(num_kv_blocks, block_size, self.config, dtype, budget, weights_bytes, str(device))
         self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
         self.runner = ModelRunner(self.model, num_kv_blocks, block_size)
+        if self.platform.device_graphs and not enforce_eager:
+            self.runner.enable_graphs(self.platform, self.max_model_len, max_num_seqs)
         eos = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,

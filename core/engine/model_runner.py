@@ -9,20 +9,26 @@ import torch
 from engine.core.models.batch import ForwardBatch
 from engine.core.models.decoder import DecoderModel
 
+from .decode_graphs import DecodeGraphs
 from .sequence import Sequence
 
 
 class ModelRunner:
+    """``run(scheduled)`` computes a step. With ``enable_graphs(...)`` pure decode steps replay captured device
+    graphs (decode_graphs.py); prefill and mixed steps always run eagerly."""
+
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int):
         cfg = model.cfg
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
+        self.graphs: DecodeGraphs | None = None
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         # Fresh caches hold garbage until written; attention never reads past seq_lens, so no zero-fill is needed.
         self.kv_caches = [(torch.empty(shape, dtype=model.dtype, device=model.device),
                            torch.empty(shape, dtype=model.dtype, device=model.device)) for _ in range(cfg.num_layers)]
 
-    def build_batch(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, ForwardBatch, list[Sequence]]:
-        """Flatten the step's new tokens; also return the sequences whose next token is to be sampled."""
+    def _host_batch(self, scheduled: list[tuple[Sequence, int]]):
+        """The step's flat batch as host lists: ids, positions, slots, cu_seqlens, seq_lens, block tables (padded
+        to one width), logits rows, and the sequences whose next token is sampled."""
         bs = self.block_size
         ids, positions, slots, cu, seq_lens, sampled, logits_rows = [], [], [], [0], [], [], []
         for seq, n in scheduled:
@@ -40,6 +46,11 @@ class ModelRunner:
                 logits_rows.append(cu[-1] - 1)
         width = max(len(s.block_table) for s, _ in scheduled)
         tables = [s.block_table + [0] * (width - len(s.block_table)) for s, _ in scheduled]
+        return ids, positions, slots, cu, seq_lens, tables, logits_rows, sampled
+
+    def build_batch(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, ForwardBatch, list[Sequence]]:
+        """Flatten the step's new tokens; also return the sequences whose next token is to be sampled."""
+        ids, positions, slots, cu, seq_lens, tables, logits_rows, sampled = self._host_batch(scheduled)
         up = self._upload
         batch = ForwardBatch(
             positions=up(positions, torch.int64),
@@ -60,9 +71,22 @@ class ModelRunner:
             return t
         return (t.pin_memory() if _can_pin() else t).to(self.model.device, non_blocking=True)
 
+    def enable_graphs(self, platform, max_model_len: int, max_num_seqs: int) -> None:
+        """Capture decode graphs for batch sizes up to ``max_num_seqs`` (see decode_graphs.py)."""
+        with torch.inference_mode():
+            graphs = DecodeGraphs(platform, self.model, self.kv_caches, self.block_size, max_model_len, max_num_seqs)
+            graphs.capture()
+        self.graphs = graphs if graphs.graphs else None
+
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
         """Compute the step; returns fp32 logits [len(sampled), vocab] and the sequences they belong to."""
+        bucket = None
+        if self.graphs is not None and all(n == 1 for _, n in scheduled):
+            bucket = self.graphs.bucket_for(len(scheduled))
+        if bucket is not None:
+            ids, positions, slots, _, seq_lens, tables, _, sampled = self._host_batch(scheduled)
+            return self.graphs.run(bucket, ids, positions, slots, tables, seq_lens, self._upload), sampled
         ids, batch, sampled = self.build_batch(scheduled)
         hidden = self.model.forward(ids, batch, self.kv_caches)
         if not sampled:

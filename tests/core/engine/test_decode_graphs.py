@@ -1,0 +1,80 @@
+"""Decode graphs: the static buffers, buckets and padding give the same tokens as eager decode.
+
+The host has no device graphs, so a CPU platform whose "graph" re-runs the captured function into the captured
+output buffers stands in: everything but the GPU's own capture machinery (static inputs, padding rows that write
+nothing, bucket choice, the output view) is exercised for real."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.core.engine.decode_graphs import batch_buckets
+from engine.platforms.cpu.platform import CpuPlatform
+
+
+class ReplayingCpu(CpuPlatform):
+    device_graphs = True
+
+    def __init__(self):
+        self.captures = 0
+        self.replays = 0
+
+    def capture_graph(self, fn, pool=None):
+        out = fn()
+        self.captures += 1
+
+        def replay():
+            self.replays += 1
+            out.copy_(fn())
+
+        return replay, out, pool
+
+
+class FailingCapture(CpuPlatform):
+    device_graphs = True
+
+    def capture_graph(self, fn, pool=None):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_buckets():
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(4) == [1, 2, 4]
+    assert batch_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert batch_buckets(20) == [1, 2, 4, 8, 16, 20]
+
+
+PROMPTS = ["Name a color.", "Count to five:", "What is 2+2?"]
+
+
+def _run(**kw):
+    llm = LLM(kv_cache_bytes=32 << 20, max_num_seqs=4, **kw)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    return llm, [o.token_ids for o in llm.generate(PROMPTS, params)]
+
+
+def test_replayed_decode_equals_eager_decode():
+    _, eager = _run(enforce_eager=True)
+    platform = ReplayingCpu()
+    llm, graphed = _run(platform=platform)
+    assert platform.captures == 3 and llm.runner.graphs.bucket_for(3) == 4  # 3 sequences ride bucket 4
+    assert platform.replays >= 7  # every decode step after the prefill
+    assert graphed == eager
+
+
+def test_a_failed_capture_falls_back_to_eager_and_says_why(caplog):
+    with caplog.at_level("WARNING", logger="engine"):
+        llm, tokens = _run(platform=FailingCapture())
+    assert llm.runner.graphs is None
+    assert "decode graphs disabled" in caplog.text and "stream is capturing" in caplog.text
+    _, eager = _run(enforce_eager=True)
+    assert tokens == eager
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_bucket_choice(n):
+    platform = ReplayingCpu()
+    llm = LLM(kv_cache_bytes=32 << 20, max_num_seqs=4, platform=platform)
+    assert llm.runner.graphs.bucket_for(n) == n
+    assert llm.runner.graphs.bucket_for(5) is None
