@@ -1,0 +1,208 @@
+"""The cuda platform on an NVIDIA GPU, in one run: the hardware ceilings, every Triton kernel against its peer, and
+the engine against HF transformers ``generate`` on random-weight Llama models, with the roofline of the same steps.
+
+    python benchmarks/bench_gpu.py --out DIR             # everything (about 10 minutes on an H200)
+    python benchmarks/bench_gpu.py --out DIR --only engine --quick
+
+Writes DIR/bench_gpu.json and DIR/bench_gpu.md and prints the table. Kernel sections come from
+benchmarks/gpu/<name>.py (each exposes ``run() -> list[dict]``); a section that fails is reported with its
+traceback and the run goes on. Ratios are always against a peer measured in this same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+KERNEL_SECTIONS = ("attention", "moe", "fp8", "quant")
+
+
+def ceilings() -> dict:
+    """Device-to-device copy bandwidth (bytes read + written) and the bf16 GEMM rate, measured here."""
+    import triton.testing as tt
+
+    n = 1 << 30
+    a, b = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+    a.random_()
+    ms = tt.do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
+    copy_bw = 2 * n / (ms * 1e-3)
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = tt.do_bench(lambda: x @ y, warmup=50, rep=300, return_mode="median")
+    gemm = 2 * 8192 ** 3 / (ms * 1e-3)
+    return {"copy_bytes_per_s": copy_bw, "bf16_flops": gemm}
+
+
+# ---- engine vs HF ---------------------------------------------------------------------------------------------
+
+def _prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def hf_generate(model_dir: str, n: int, in_len: int, out_len: int, vocab: int) -> float:
+    """Output tokens per second of HF transformers ``generate`` on n same-length prompts as one batch."""
+    import transformers
+
+    hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+    ids = torch.tensor(_prompts(n, in_len, vocab), device="cuda")
+
+    def go():
+        with torch.no_grad():
+            return hf.generate(ids, max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False,
+                               pad_token_id=0, eos_token_id=None)
+
+    go() if n <= 8 else None  # warm-up on small batches only (the large ones are long enough)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = go()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    assert out.shape[1] == in_len + out_len
+    return n * out_len / dt
+
+
+def roofline_seconds(cfg, n: int, in_len: int, out_len: int, weight_bytes: int, ceil: dict) -> float:
+    """Time of the same work at the ceilings: prefill FLOPs over the GEMM rate (or its bytes over the bandwidth),
+    then each decode step's weight + KV bytes over the bandwidth (or its FLOPs over the GEMM rate)."""
+    params = weight_bytes / 2  # bf16
+    kv_tok = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    bw, rate = ceil["copy_bytes_per_s"], ceil["bf16_flops"]
+    attn_flops = lambda q, ctx: 4 * q * ctx * cfg.num_heads * cfg.head_dim * cfg.num_layers  # noqa: E731
+    total = max(2 * params * n * in_len + n * attn_flops(in_len, in_len / 2), 0) / rate
+    total = max(total, weight_bytes / bw)
+    for step in range(out_len - 1):
+        ctx = in_len + step + 1
+        total += max((weight_bytes + n * ctx * kv_tok) / bw, (2 * params * n + n * attn_flops(1, ctx)) / rate)
+    return total
+
+
+def engine_generate(llm, n: int, in_len: int, out_len: int, vocab: int) -> tuple[float, float]:
+    from engine import SamplingParams
+
+    prompts = _prompts(n, in_len, vocab, seed=1)
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    llm.generate(prompts[: min(n, 8)], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    assert all(len(o.token_ids) == out_len for o in outs)
+    return n * out_len / dt, dt
+
+
+def engine_section(ceil: dict, quick: bool) -> list[dict]:
+    from engine import LLM
+    from engine.core.engine.memory import weight_nbytes
+    from engine.core.loader import load_checkpoint
+    from engine.core.testing.random_model import LLAMA_1B, LLAMA_8B, write_random_llama
+
+    rows = []
+    shapes = [("llama-1b", LLAMA_1B)] if quick else [("llama-8b", LLAMA_8B), ("llama-1b", LLAMA_1B)]
+    in_len = out_len = 128
+    for name, shape in shapes:
+        tmp = tempfile.mkdtemp(prefix=f"bench_{name}_")
+        write_random_llama(tmp, **shape, max_position=4096, dtype=torch.bfloat16, device="cuda")
+        ckpt = load_checkpoint(tmp, torch.bfloat16)
+        weight_bytes, cfg = weight_nbytes(ckpt.weights.values()), ckpt.config
+        del ckpt
+        batches = [64] if quick or name != "llama-8b" else [64, 256]
+        hf = {b: hf_generate(tmp, b, in_len, out_len, cfg.vocab_size) for b in batches}
+        hf[1] = hf_generate(tmp, 1, in_len, 32, cfg.vocab_size)
+        torch.cuda.empty_cache()
+        llm = LLM(tmp, dtype="bfloat16", max_num_seqs=max(batches), max_num_batched_tokens=8192,
+                  enable_prefix_caching=False, max_model_len=1024)
+        for b in batches:
+            tps, dt = engine_generate(llm, b, in_len, out_len, cfg.vocab_size)
+            roof = roofline_seconds(cfg, b, in_len, out_len, weight_bytes, ceil)
+            goal = {64: 12, 256: 5}.get(b, 0) if name == "llama-8b" else 0
+            rows.append({"bench": f"engine generate {name}", "shape": f"{b} req x {in_len} in / {out_len} out",
+                         "tok_s": tps, "peer": "HF generate", "peer_tok_s": hf[b], "ratio": tps / hf[b],
+                         "roofline_frac": roof / dt, "goal": f">= {goal}x HF, >= 70% roofline" if goal else "",
+                         "met": bool(goal) and tps / hf[b] >= goal and roof / dt >= 0.7})
+        # single request: decode rate after the prompt, against the weight-read roofline
+        tps, dt = engine_generate(llm, 1, in_len, 129, cfg.vocab_size)
+        roof_tps = ceil["copy_bytes_per_s"] / weight_bytes
+        rows.append({"bench": f"engine single request {name}", "shape": f"1 req x {in_len} in / 129 out",
+                     "tok_s": tps, "peer": "HF generate", "peer_tok_s": hf[1], "ratio": tps / hf[1],
+                     "roofline_frac": tps / roof_tps, "goal": ">= 80% of weight-read roofline (decode)",
+                     "met": tps / roof_tps >= 0.8, "graphs": llm.runner.graphs is not None})
+        del llm
+        torch.cuda.empty_cache()
+        for f in Path(tmp).iterdir():
+            f.unlink()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--only", action="append", help="sections: ceilings, engine, " + ", ".join(KERNEL_SECTIONS))
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_gpu needs a CUDA GPU", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(HERE))
+    want = set(a.only or ("engine", *KERNEL_SECTIONS))
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": time.strftime("%F"),
+              "sections": {}, "errors": {}}
+    ceil = result["ceilings"] = ceilings()
+    torch.cuda.empty_cache()
+    print(f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+          f"bf16 GEMM {ceil['bf16_flops'] / 1e12:.0f} TFLOP/s", flush=True)
+    for name in KERNEL_SECTIONS:
+        if name in want:
+            _section(result, name, lambda name=name: importlib.import_module(f"gpu.{name}").run())
+    if "engine" in want:
+        _section(result, "engine", lambda: engine_section(ceil, a.quick))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_gpu.json").write_text(json.dumps(result, indent=1, default=str))
+    table = _table(result)
+    (out / "bench_gpu.md").write_text(table)
+    print(table)
+    return 0
+
+
+def _section(result: dict, name: str, fn) -> None:
+    t = time.perf_counter()
+    try:
+        result["sections"][name] = fn()
+    except Exception:
+        result["errors"][name] = traceback.format_exc()
+        print(f"section {name} failed:\n{result['errors'][name]}", flush=True)
+    print(f"section {name}: {time.perf_counter() - t:.0f} s", flush=True)
+
+
+def _fmt(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _table(result: dict) -> str:
+    lines = [f"{result['device']}, torch {result['torch']}, {result['date']}", ""]
+    for name, rows in result["sections"].items():
+        if not rows:
+            continue
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        lines += [f"### {name}", "| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
+        lines += ["| " + " | ".join(_fmt(r.get(k, "")) for k in keys) + " |" for r in rows]
+        lines.append("")
+    for name, err in result["errors"].items():
+        lines.append(f"section {name} FAILED: {err.strip().splitlines()[-1]}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
