@@ -13,13 +13,16 @@ def add_model_arguments(p) -> None:
     p.add_argument("--activation-quant", default="none", choices=("none", "q8", "auto"),
                    help="GGUF weights: round activations to Q8 blocks before each quantized matmul (q8, as llama.cpp"
                         " on CPUs; auto = q8 where the platform has a kernel for it) or not (none, the default)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="GPU platforms: fraction of the device's memory for weights, activations and KV cache")
+    p.add_argument("--enforce-eager", action="store_true", help="GPU platforms: no CUDA graphs for decode steps")
 
 
 def load_llm(args, **kwargs):
     from engine.core.engine.llm import LLM
 
     return LLM(args.model, platform=args.platform, dtype=args.dtype, activation_quant=args.activation_quant,
-               **kwargs)
+               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, **kwargs)
 
 
 def add_arguments(p) -> None:
