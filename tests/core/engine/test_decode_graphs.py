@@ -10,6 +10,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.core.engine.decode_graphs import batch_buckets
+from engine.core.testing.random_model import write_random_llama
 from engine.platforms.cpu.platform import CpuPlatform
 
 
@@ -45,36 +46,45 @@ def test_buckets():
     assert batch_buckets(20) == [1, 2, 4, 8, 16, 20]
 
 
-PROMPTS = ["Name a color.", "Count to five:", "What is 2+2?"]
+PROMPTS = [[5, 9, 100, 7], list(range(20, 45)), [300]]
 
 
-def _run(**kw):
-    llm = LLM(kv_cache_bytes=32 << 20, max_num_seqs=4, **kw)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    return llm, [o.token_ids for o in llm.generate(PROMPTS, params)]
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(write_random_llama(tmp_path_factory.mktemp("model"), seed=7))
 
 
-def test_replayed_decode_equals_eager_decode():
-    _, eager = _run(enforce_eager=True)
+@pytest.fixture
+def run(model_dir):
+    def _run(**kw):
+        llm = LLM(model_dir, kv_cache_bytes=32 << 20, max_num_seqs=4, **kw)
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        return llm, [o.token_ids for o in llm.generate(PROMPTS, params)]
+
+    return _run
+
+
+def test_replayed_decode_equals_eager_decode(run):
+    _, eager = run(enforce_eager=True)
     platform = ReplayingCpu()
-    llm, graphed = _run(platform=platform)
+    llm, graphed = run(platform=platform)
     assert platform.captures == 3 and llm.runner.graphs.bucket_for(3) == 4  # 3 sequences ride bucket 4
     assert platform.replays >= 7  # every decode step after the prefill
     assert graphed == eager
 
 
-def test_a_failed_capture_falls_back_to_eager_and_says_why(caplog):
+def test_a_failed_capture_falls_back_to_eager_and_says_why(caplog, run):
     with caplog.at_level("WARNING", logger="engine"):
-        llm, tokens = _run(platform=FailingCapture())
+        llm, tokens = run(platform=FailingCapture())
     assert llm.runner.graphs is None
     assert "decode graphs disabled" in caplog.text and "stream is capturing" in caplog.text
-    _, eager = _run(enforce_eager=True)
+    _, eager = run(enforce_eager=True)
     assert tokens == eager
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
-def test_bucket_choice(n):
+def test_bucket_choice(n, model_dir):
     platform = ReplayingCpu()
-    llm = LLM(kv_cache_bytes=32 << 20, max_num_seqs=4, platform=platform)
+    llm = LLM(model_dir, kv_cache_bytes=32 << 20, max_num_seqs=4, platform=platform)
     assert llm.runner.graphs.bucket_for(n) == n
     assert llm.runner.graphs.bucket_for(5) is None

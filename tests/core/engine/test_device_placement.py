@@ -9,8 +9,8 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.core.engine.memory import DeviceMemoryError, activation_reserve, kv_bytes_per_token, weight_nbytes
-from engine.core.loader import load_checkpoint
 from engine.core.engine.sequence import Sequence
+from engine.core.loader import load_checkpoint
 from engine.core.platform import Platform
 from engine.core.testing.random_model import write_random_llama
 

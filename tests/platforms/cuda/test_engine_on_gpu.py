@@ -52,3 +52,25 @@ def test_greedy_tokens_equal_transformers_and_the_cpu_engine(model_dir, prompts)
         assert ours == ref, f"prompt of {len(p)} tokens"
     _, cpu, _ = _engine_tokens(model_dir, "cpu", prompts)
     assert gpu == cpu
+
+
+@pytest.mark.parametrize("qtype_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_a_gguf_model_runs_quantized_on_the_gpu_as_on_the_cpu(model_dir, prompts, tmp_path, qtype_name):
+    """GGUF weights stay quantized on the GPU (the Triton GGUF linear dequantizes in the kernel)."""
+    gguf = pytest.importorskip("gguf")
+    from safetensors.torch import load_file
+
+    from tests.core.loader.builders import byte_level_gguf_tokenizer, write_gguf
+
+    cfg = transformers.LlamaConfig.from_pretrained(model_dir)
+    tok = byte_level_gguf_tokenizer("smollm")
+    cfg.vocab_size = len(tok["tokens"])
+    state = {k: (v[: cfg.vocab_size] if "embed" in k or "lm_head" in k else v)
+             for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+    qtype = getattr(gguf.GGMLQuantizationType, qtype_name)
+    path = write_gguf(tmp_path / "m.gguf", "llama", state, cfg, tokenizer=tok, qtype=lambda name, a: qtype)
+    small = [[t % cfg.vocab_size for t in p] for p in prompts]
+    gpu_llm, gpu, used = _engine_tokens(path, "cuda", small)
+    assert any(name.startswith("cuda.") for name in used["gguf_linear"]), used
+    _, cpu, _ = _engine_tokens(path, "cpu", small)
+    assert gpu == cpu
