@@ -30,4 +30,8 @@ class CudaPlatform(TorchAcceleratorPlatform):
         """The portable Triton kernels (compute capability gates their FP8 and NVFP4 paths)."""
         from engine.platforms import triton_kernels
 
-        triton_kernels.register(registry, self.device_type, self.capability())
+        from . import flashinfer_attention
+
+        capability = self.capability()
+        triton_kernels.register(registry, self.device_type, capability)
+        flashinfer_attention.register(registry, self.device_type, capability)  # where installed; else skipped

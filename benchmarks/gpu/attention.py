@@ -1,0 +1,272 @@
+"""Triton paged attention (platforms/triton_kernels/attention.py) on a CUDA GPU against torch SDPA.
+
+Rows (``run() -> list[dict]``; ``benchmarks/bench_gpu.py`` prints them):
+
+* decode, B=64, 32 q / 8 kv heads, D=128, 4096-token contexts, block 16, bf16: KV bytes read per second against
+  the device-to-device copy bandwidth measured here (bytes read + written, as FACTS.md counts it), and time
+  against ``F.scaled_dot_product_attention`` on contiguous [B, Hk, L, D] K/V (``enable_gqa=True``).
+  Goal: >= 0.9 x copy bandwidth and >= 0.9 x SDPA.
+* decode, B=1, 32k context (split-KV): same measures; goal >= 0.9 x SDPA.
+* decode under CUDA-graph capture (B=64 x 4k: one kernel; B=2 x 16k: split-KV, workspace + reduce kernel):
+  captured once, replayed after the seq_lens values change in place; must equal an eager call on the new values
+  bit for bit (checks capture safety on the device), timed against eager.
+* prefill, 8 sequences x 1024 tokens, causal, same heads: TFLOP/s (causal FLOPs) against SDPA ``is_causal``
+  (the faster of ``enable_gqa`` and pre-expanded K/V). Goal: >= 0.8 x SDPA.
+
+Every kernel output is checked against SDPA's before it is timed (``max_err``; a wrong result fails its row).
+Times are ``triton.testing.do_bench`` medians (it flushes L2 between calls); decode inputs are also rotated
+among copies totalling >= 4x L2. The paged caches use shuffled block tables.
+
+``run(sweep=True)`` (or ENGINE_BENCH_SWEEP=1; ``python benchmarks/gpu/attention.py --sweep``) adds rows for other
+decode tile / pipeline / partition settings: the defaults in ``decode_config`` and ``decode_partitions`` were
+chosen without a GPU (from sm_90 PTX/SASS only), so that sweep is how to tune them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+from engine.platforms.triton_kernels import attention as A
+
+HQ, HK, D, BLOCK = 32, 8, 128, 16
+DTYPE = torch.bfloat16
+DEVICE = "cuda"  # a module global so that the logic can be smoke-tested elsewhere
+
+
+def _bench_us(fn, warmup=25, rep=200) -> float:
+    import triton.testing as tt
+
+    return tt.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (1 GiB)."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device=DEVICE).random_()
+    b = torch.empty_like(a)
+    us = _bench_us(lambda: b.copy_(a), warmup=50, rep=300)
+    return 2 * n / (us * 1e-6)
+
+
+def _l2_bytes() -> int:
+    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+
+
+def _paged(lens: list[int], gen: torch.Generator, copies: int = 1):
+    """``copies`` sets of (key_cache, value_cache, block_tables, seq_lens, contiguous K, contiguous V): the same values
+    paged (shuffled blocks) and contiguous [B, Hk, L, D] for SDPA (all sequences of one length L)."""
+    sets = []
+    b, length = len(lens), max(lens)
+    nblk = math.ceil(length / BLOCK)
+    for _ in range(copies):
+        k = torch.randn(b, length, HK, D, generator=gen, device=DEVICE, dtype=torch.float32).to(DTYPE)
+        v = torch.randn(b, length, HK, D, generator=gen, device=DEVICE, dtype=torch.float32).to(DTYPE)
+        total = b * nblk
+        perm = torch.randperm(total, generator=gen, device=DEVICE)
+        table = perm.view(b, nblk).to(torch.int32)
+        pad = nblk * BLOCK - length
+        kc = torch.empty(total, BLOCK, HK, D, device=DEVICE, dtype=DTYPE)
+        vc = torch.empty_like(kc)
+        kc[perm] = F.pad(k, (0, 0, 0, 0, 0, pad)).view(b * nblk, BLOCK, HK, D)
+        vc[perm] = F.pad(v, (0, 0, 0, 0, 0, pad)).view(b * nblk, BLOCK, HK, D)
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+        sets.append((kc, vc, table, seq_lens, k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()))
+        del k, v
+    return sets
+
+
+def _decode_rows(name: str, batch: int, ctx: int, copy_bw: float, bw_goal: bool, gen, sweep: bool) -> list[dict]:
+    kv_bytes = 2 * batch * ctx * HK * D * DTYPE.itemsize
+    copies = max(1, min(4, math.ceil(4 * _l2_bytes() / kv_bytes)))
+    sets = _paged([ctx] * batch, gen, copies)
+    qs = [torch.randn(batch, HQ, D, generator=gen, device=DEVICE, dtype=torch.float32).to(DTYPE) for _ in sets]
+    scale = D ** -0.5
+
+    group = HQ // HK
+
+    def sdpa_gqa(q, k, v):
+        return F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)[:, :, 0]
+
+    def sdpa_rows(q, k, v):  # the group's queries as G rows of one head: the same math, K/V read once
+        b = q.shape[0]
+        return F.scaled_dot_product_attention(q.view(b, HK, group, D), k, v, scale=scale).reshape(b, HQ, D)
+
+    # correctness first, against SDPA on the same values
+    kc, vc, table, seq_lens, k, v = sets[0]
+    want = sdpa_rows(qs[0], k, v)
+    got = A.paged_decode(qs[0], kc, vc, table, seq_lens, scale)
+    err = (got.float() - want.float()).abs().max().item()
+    ok = err < 2e-2
+
+    def check(**kw) -> bool:
+        out = A.paged_decode(qs[0], kc, vc, table, seq_lens, scale, **kw)
+        return (out.float() - want.float()).abs().max().item() < 2e-2
+
+    def ours(**kw):
+        it = itertools.cycle(list(zip(qs, sets, strict=True)))
+
+        def fn():
+            q, (kc, vc, table, seq_lens, _, _) = next(it)
+            A.paged_decode(q, kc, vc, table, seq_lens, scale, **kw)
+        return fn
+
+    def sdpa(impl):
+        it = itertools.cycle(list(zip(qs, sets, strict=True)))
+
+        def fn():
+            q, (_, _, _, _, k, v) = next(it)
+            impl(q, k, v)
+        return fn
+
+    timed = {}
+    for peer_name, impl in (("SDPA enable_gqa", sdpa_gqa), ("SDPA, group as query rows", sdpa_rows)):
+        try:
+            timed[peer_name] = _bench_us(sdpa(impl))
+        except Exception:  # a torch without enable_gqa
+            pass
+    peer, peer_us = min(timed.items(), key=lambda kv: kv[1])
+    cfg = A.decode_config(D, HQ // HK, DTYPE)
+    parts, part_tokens = A.decode_partitions(batch, HK, table.shape[1] * BLOCK, cfg["BLOCK_N"],
+                                             A._sm_count(qs[0].device))
+    shape = f"B={batch} Hq={HQ} Hk={HK} D={D} ctx={ctx} block={BLOCK} bf16"
+    rows = []
+
+    def row(bench, us, extra_shape="", goal_kind="default", ok=ok):
+        gbps = kv_bytes / (us * 1e-6) / 1e9
+        ratio = peer_us / us
+        if bw_goal:
+            goal = f">= 0.9 x copy BW ({0.9 * copy_bw / 1e9:.0f} GB/s) and >= 0.9x SDPA"
+            met = gbps * 1e9 >= 0.9 * copy_bw and ratio >= 0.9
+        else:
+            goal = ">= 0.9x SDPA"
+            met = ratio >= 0.9
+        if goal_kind == "sweep":
+            goal, met = "tuning (informational)", ok
+        if not ok:
+            goal, met = f"WRONG RESULT (max err {err:.3g}) " + goal, False
+        rows.append({"bench": bench, "shape": shape + extra_shape, "us": us, "gbps": gbps,
+                     "peer": peer + ", contiguous KV", "peer_us": peer_us, "ratio": ratio, "goal": goal,
+                     "met": met, "max_err": err})
+
+    row(name, _bench_us(ours()), f" (P={parts} x {part_tokens} tok, {cfg})")
+    if sweep:
+        for bn, warps, stages in ((16, 4, 5), (32, 4, 5), (64, 4, 5), (32, 4, 3), (64, 4, 3), (32, 8, 5),
+                                  (64, 8, 5), (32, 4, 7), (64, 4, 2)):
+            for part in (None, 512, 1024, 2048):
+                if part is not None and part >= ctx:
+                    continue
+                c = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
+                try:
+                    good = check(config=c, partition_tokens=part)
+                    us = _bench_us(ours(config=c, partition_tokens=part), rep=100)
+                except Exception as exc:  # e.g. out of shared memory for this combination
+                    rows.append({"bench": name + " sweep", "shape": f"{c} part={part}", "us": float("nan"),
+                                 "gbps": 0.0, "peer": "", "peer_us": peer_us, "ratio": 0.0,
+                                 "goal": f"failed: {type(exc).__name__}", "met": False})
+                    continue
+                row(name + " sweep", us, f" {c} part={part}", "sweep", good)
+    return rows
+
+
+def _graph_row(gen, batch: int, ctx: int) -> dict:
+    """Capture one decode call; change seq_lens (and q) in place; replay; compare with eager."""
+    (kc, vc, table, seq_lens, _, _), = _paged([ctx] * batch, gen)
+    q = torch.randn(batch, HQ, D, generator=gen, device=DEVICE, dtype=torch.float32).to(DTYPE)
+    scale = D ** -0.5
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            A.paged_decode(q, kc, vc, table, seq_lens, scale)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = A.paged_decode(q, kc, vc, table, seq_lens, scale)
+    new_lens = torch.randint(1, ctx + 1, (batch,), generator=gen, device=DEVICE, dtype=torch.int32)
+    seq_lens.copy_(new_lens)
+    q.copy_(torch.randn(batch, HQ, D, generator=gen, device=DEVICE, dtype=torch.float32))
+    graph.replay()
+    want = A.paged_decode(q, kc, vc, table, seq_lens, scale)
+    torch.cuda.synchronize()
+    err = (out.float() - want.float()).abs().max().item()
+    us = _bench_us(graph.replay)
+    eager_us = _bench_us(lambda: A.paged_decode(q, kc, vc, table, seq_lens, scale))
+    ok = err == 0.0
+    cfg = A.decode_config(D, HQ // HK, DTYPE)
+    parts, _ = A.decode_partitions(batch, HK, table.shape[1] * BLOCK, cfg["BLOCK_N"], A._sm_count(q.device))
+    return {"bench": "decode CUDA graph replay",
+            "shape": f"B={batch} ctx<={ctx} P={parts}, random seq_lens set after capture",
+            "us": us, "gbps": 0.0, "peer": "same call, eager", "peer_us": eager_us, "ratio": eager_us / us,
+            "goal": "captures; replay after in-place seq_lens change == eager" + ("" if ok else f" (err {err:.3g})"),
+            "met": ok, "max_err": err}
+
+
+def _prefill_row(gen, seqs: int = 8, length: int = 1024) -> dict:
+    sets = _paged([length] * seqs, gen)
+    kc, vc, table, seq_lens, k, v = sets[0]
+    q = torch.randn(seqs, HQ, length, D, generator=gen, device=DEVICE, dtype=torch.float32).to(DTYPE)
+    q_packed = q.transpose(1, 2).reshape(seqs * length, HQ, D).contiguous()
+    cu = torch.arange(0, seqs + 1, device=DEVICE, dtype=torch.int32) * length
+    scale = D ** -0.5
+    k_rep, v_rep = k.repeat_interleave(HQ // HK, 1), v.repeat_interleave(HQ // HK, 1)
+
+    want = F.scaled_dot_product_attention(q, k_rep, v_rep, is_causal=True, scale=scale)
+    got = A.paged_prefill(q_packed, kc, vc, table, cu, seq_lens, scale).view(seqs, length, HQ, D).transpose(1, 2)
+    err = (got.float() - want.float()).abs().max().item()
+    ok = err < 2e-2
+
+    us = _bench_us(lambda: A.paged_prefill(q_packed, kc, vc, table, cu, seq_lens, scale))
+    peers = {
+        "SDPA causal enable_gqa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                                         enable_gqa=True),
+        "SDPA causal, K/V repeated": lambda: F.scaled_dot_product_attention(q, k_rep, v_rep, is_causal=True,
+                                                                            scale=scale),
+    }
+    timed = {}
+    for peer_name, fn in peers.items():
+        try:
+            timed[peer_name] = _bench_us(fn)
+        except Exception:  # a backend that declines GQA
+            pass
+    peer, peer_us = min(timed.items(), key=lambda kv: kv[1])
+    flops = 4 * seqs * HQ * D * length * (length + 1) / 2  # causal: QK^T and PV over the lower triangle
+    ratio = peer_us / us
+    cfg = A.prefill_config(D, DTYPE)
+    return {"bench": "prefill", "shape": f"{seqs} x {length} tok causal Hq={HQ} Hk={HK} D={D} block={BLOCK} bf16 {cfg}",
+            "us": us, "tflops": flops / (us * 1e-6) / 1e12, "peer": peer, "peer_us": peer_us, "ratio": ratio,
+            "goal": (">= 0.8x SDPA" if ok else f"WRONG RESULT (max err {err:.3g})"), "met": ok and ratio >= 0.8,
+            "max_err": err}
+
+
+def run(sweep: bool | None = None) -> list[dict]:
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu/attention.py needs a CUDA GPU; no rows")
+        return []
+    if sweep is None:
+        sweep = os.environ.get("ENGINE_BENCH_SWEEP", "0") not in ("", "0")
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    copy_bw = copy_bandwidth()
+    rows = []
+    for section in (lambda: _decode_rows("decode", 64, 4096, copy_bw, True, gen, sweep),
+                    lambda: _decode_rows("decode split-KV", 1, 32768, copy_bw, False, gen, sweep),
+                    lambda: [_graph_row(gen, 64, 4096), _graph_row(gen, 2, 16384)],
+                    lambda: [_prefill_row(gen)]):
+        rows += section()
+        torch.cuda.empty_cache()
+    for r in rows:
+        r["copy_gbps"] = copy_bw / 1e9
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    for r in run(sweep="--sweep" in sys.argv):
+        rate = f"{r['gbps']:.0f} GB/s" if "gbps" in r else f"{r['tflops']:.0f} TFLOP/s"
+        print(f"{'MET ' if r['met'] else 'MISS'} {r['bench']:<28} {r['us']:9.1f} us  {rate:>14}  "
+              f"{r['peer']} {r['peer_us']:.1f} us  x{r['ratio']:.2f}  [{r['goal']}]  {r['shape']}")
