@@ -32,6 +32,13 @@ def fp8_max(fp8_dtype: torch.dtype) -> float:
     return float(torch.finfo(fp8_dtype).max)
 
 
+def _ieee(value: float, like: torch.Tensor) -> torch.Tensor:
+    """``value`` as a 0-dim fp32 tensor on ``like``'s device: torch's CUDA kernels divide by a Python scalar as a
+    multiplication by its reciprocal, which is not the correctly rounded division this contract specifies; by a
+    tensor they divide exactly."""
+    return torch.tensor(value, dtype=torch.float32, device=like.device)
+
+
 def _block_amax(x: torch.Tensor, br: int, bc: int) -> torch.Tensor:
     rows, cols = x.shape
     r, c = math.ceil(rows / br), math.ceil(cols / bc)
@@ -57,16 +64,16 @@ def quantize_fp8(x: torch.Tensor, granularity: str, fp8_dtype: torch.dtype = tor
     qmax = fp8_max(fp8_dtype)
     xf = x.float()
     if granularity == "tensor":
-        scale = xf.abs().amax().clamp(min=_MIN_AMAX) / qmax
+        scale = xf.abs().amax().clamp(min=_MIN_AMAX) / _ieee(qmax, xf)
         full = scale
     elif granularity in ("token", "channel"):
-        scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=_MIN_AMAX) / qmax
+        scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=_MIN_AMAX) / _ieee(qmax, xf)
         full = scale
     elif granularity == "block":
         if block is None or len(block) != 2:
             raise ValueError("granularity 'block' needs block=(br, bc): (1, 128) for activations, (128, 128) "
                              "for weights")
-        scale = _block_amax(xf, *block).clamp(min=_MIN_AMAX) / qmax
+        scale = _block_amax(xf, *block).clamp(min=_MIN_AMAX) / _ieee(qmax, xf)
         full = _expand(scale, *xf.shape, *block)
     else:
         raise ValueError(f"granularity must be 'tensor', 'token', 'channel' or 'block', got {granularity!r}")

@@ -23,8 +23,8 @@ KERNEL_MODULES = {
     "norm": ("rms_norm", "fused_add_rms_norm"),
     "activation": ("silu_and_mul",),
     "rotary": ("rotary_embedding",),
-    "fused_moe": ("fused_moe",),
-    "fp8_linear": ("fp8_linear",),
+    "fused_moe": ("fused_moe", "fused_moe_fp8"),
+    "fp8_linear": ("fp8_linear", "fp8_quantize_per_token"),
     "nvfp4": ("nvfp4_quantize", "nvfp4_linear"),
 }
 

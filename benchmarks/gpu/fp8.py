@@ -1,0 +1,149 @@
+"""FP8 linear on a CUDA GPU: the Triton block-scaled GEMM (1x128 activation groups x 128x128 weight blocks,
+DeepSeek-style) and the per-token / per-channel ``torch._scaled_mm`` path, each against ``torch._scaled_mm`` with
+per-tensor scales measured in the same run; plus the dynamic quantizer against the torch reference.
+
+    python benchmarks/gpu/fp8.py            # prints the rows as a table (benchmarks/bench_gpu.py runs it too)
+
+``run() -> list[dict]``: bench, shape (MxNxK), us (median of triton.testing.do_bench), tflops, peer, peer_us,
+ratio (peer_us / us: above 1 is faster than the peer), goal, met, and max_rel_err (the output against the op's
+reference, computed on the GPU). Rows named "sweep ..." time other tile configurations of the block-scaled GEMM
+(platforms/triton_kernels/fp8_linear.py ``gemm_config`` holds the one in use): a better one there is the next tuning
+step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEVICE = "cuda"
+GOAL = 0.8  # the Triton block-scaled GEMM vs _scaled_mm per-tensor at the large squares
+SIZES = (4096, 8192)
+DECODE_M = 16
+_C = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M): BLOCK_K is 128 (one scale block per step)
+    (64, 128, 4, 3, 8), (64, 128, 4, 4, 8), (64, 128, 4, 3, 32), (128, 128, 8, 3, 8), (128, 128, 8, 4, 8),
+    (64, 256, 8, 3, 8), (128, 64, 4, 4, 8),
+]
+SWEEP = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=g, num_warps=w, num_stages=s) for bm, bn, w, s, g in _C]
+
+
+def _us(fn) -> float:
+    import triton.testing
+
+    fn()  # compile / warm
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def _rel_err(got: torch.Tensor, args) -> float:
+    from engine.core.ops.fp8 import fp8_linear
+
+    want = fp8_linear.reference(*args, torch.float32)
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+def _row(bench, m, n, k, us, peer, peer_us, goal=GOAL, err=None):
+    ratio = peer_us / us
+    ok = ratio >= goal and (err is None or err < 2e-2)
+    row = {"bench": bench, "shape": f"{m}x{n}x{k}", "us": us, "tflops": 2 * m * n * k / us / 1e6, "peer": peer,
+           "peer_us": peer_us, "ratio": ratio, "goal": f">= {goal}x {peer}", "met": ok}
+    if err is not None:
+        row["max_rel_err"] = err
+    return row
+
+
+def _operands(m, n, k, gen, xg, wg):
+    from engine.core.ops.fp8 import quantize_fp8
+
+    x = torch.randn(m, k, generator=gen, device=DEVICE).bfloat16()
+    w = (torch.randn(n, k, generator=gen, device=DEVICE) * k ** -0.5).bfloat16()
+    fp8 = torch.float8_e4m3fn
+    x_q, xs = quantize_fp8(x, *xg) if isinstance(xg, tuple) else quantize_fp8(x, xg, fp8)
+    w_q, ws = quantize_fp8(w, *wg) if isinstance(wg, tuple) else quantize_fp8(w, wg, fp8)
+    return x_q, xs, w_q, ws, None
+
+
+def _gemm_rows(m, n, k, gen, sweep: bool) -> list[dict]:
+    from engine.platforms.triton_kernels import fp8_linear as fl
+
+    out = torch.bfloat16
+    peer = "_scaled_mm per-tensor"
+    xt, xts, wt, wts, _ = _operands(m, n, k, gen, "tensor", "tensor")
+    peer_us = _us(lambda: torch._scaled_mm(xt, wt.t(), scale_a=xts, scale_b=wts, out_dtype=out))
+
+    blk = (("block", torch.float8_e4m3fn, (1, 128)), ("block", torch.float8_e4m3fn, (128, 128)))
+    args = _operands(m, n, k, gen, *blk)
+    rows = []
+    cfg = fl.gemm_config(m, n, k, True)
+    err = _rel_err(fl.triton_fp8_linear(*args, out), args)
+    rows.append(_row(f"triton block-scaled GEMM {cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} "
+                     f"s{cfg['num_stages']}", m, n, k, _us(lambda: fl.triton_fp8_linear(*args, out)), peer,
+                     peer_us, err=err))
+    if sweep:
+        for c in SWEEP:
+            if c == cfg:
+                continue
+            try:
+                e = _rel_err(fl.triton_fp8_linear(*args, out, config=c), args)
+                us = _us(lambda c=c: fl.triton_fp8_linear(*args, out, config=c))
+            except Exception as exc:  # a configuration the compiler or the SM cannot take (shared memory)
+                rows.append({"bench": f"sweep {c}", "shape": f"{m}x{n}x{k}", "error": repr(exc)[:200], "met": False})
+                continue
+            rows.append(_row(f"sweep {c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']} "
+                             f"g{c['GROUP_M']}", m, n, k, us, peer, peer_us, err=e))
+
+    rw = _operands(m, n, k, gen, "token", "channel")
+    err = _rel_err(fl.scaled_mm_linear(*rw, out), rw)
+    rows.append(_row("_scaled_mm per-token x per-channel (engine path)", m, n, k,
+                     _us(lambda: fl.scaled_mm_linear(*rw, out)), peer, peer_us, err=err))
+    err = _rel_err(fl.triton_fp8_linear(*rw, out), rw)
+    rows.append(_row("triton GEMM per-token x per-channel", m, n, k, _us(lambda: fl.triton_fp8_linear(*rw, out)),
+                     peer, peer_us, err=err))
+    return rows
+
+
+def _quant_rows(m, k, gen) -> list[dict]:
+    from engine.core.ops.fp8 import quantize_fp8
+    from engine.platforms.triton_kernels import fp8_linear as fl
+
+    x = torch.randn(m, k, generator=gen, device=DEVICE).bfloat16()
+    rows = []
+    for group, ref in ((0, lambda: quantize_fp8(x, "token")), (128, lambda: quantize_fp8(x, "block", block=(1, 128)))):
+        q, s = fl.triton_fp8_quantize(x, "e4m3fn", group)
+        rq, rs = ref()
+        exact = torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+        us, peer_us = _us(lambda g=group: fl.triton_fp8_quantize(x, "e4m3fn", g)), _us(ref)
+        gbs = m * k * 3 / us / 1e3  # bf16 read + fp8 written
+        name = "per-token" if group == 0 else "1x128 groups"
+        rows.append({"bench": f"triton fp8_quantize_per_token {name}" + ("" if exact else " (NOT BIT-EXACT)"),
+                     "shape": f"{m}x{k}", "us": us, "tflops": 0.0, "peer": "torch reference (quantize_fp8)",
+                     "peer_us": peer_us, "ratio": peer_us / us, "goal": ">= 2x torch reference, bit-exact",
+                     "met": exact and peer_us / us >= 2, "gb_s": gbs})
+    return rows
+
+
+def run() -> list[dict]:
+    if not torch.cuda.is_available():
+        raise RuntimeError("benchmarks/gpu/fp8.py needs a CUDA GPU")
+    cap = torch.cuda.get_device_capability()
+    if cap < (8, 9):
+        raise RuntimeError(f"FP8 needs compute capability >= 8.9, this GPU is {cap}")
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    rows = []
+    for s in SIZES:
+        rows += _gemm_rows(s, s, s, gen, sweep=True)
+        torch.cuda.empty_cache()
+    rows += _gemm_rows(DECODE_M, 8192, 8192, gen, sweep=False)
+    rows += _quant_rows(8192, 8192, gen)
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    result = run()
+    keys = list(dict.fromkeys(k for r in result for k in r))
+    print("| " + " | ".join(keys) + " |")
+    for r in result:
+        print("| " + " | ".join(f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys)
+              + " |")

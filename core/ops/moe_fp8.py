@@ -1,0 +1,159 @@
+"""W8A8 FP8 mixture-of-experts: :mod:`.moe`'s routing and SwiGLU experts with FP8 expert weights (static
+scales) and FP8 activations quantized per token on the fly.
+
+Weights come in ``float8_e4m3fn`` (max 448, the OCP format NVIDIA uses) or ``float8_e4m3fnuz`` (max 240,
+AMD MI300); both weight tensors share one of the two, and the activations are quantized to that same format
+(an FP8 tensor-core product takes two operands of one format). Scale layouts, fp32, per expert ``e``:
+
+- per-expert tensor: ``[E]`` or ``[E, 1, 1]``, one scale for all of ``w[e]``;
+- per output channel: ``[E, N, 1]`` (``N`` = 2*I for ``w13``, hidden for ``w2``), one scale per row of ``w[e]``.
+
+The dequantized weight is ``w_q[e].float() * scale[e]`` (broadcast). Activations use
+:func:`.fp8.quantize_fp8` with granularity "token": scale = max(amax(row), 1e-12) / fp8_max, values rounded to
+nearest-even after clamping to +-fp8_max.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .fp8 import FP8_DTYPES, quantize_fp8
+from .inputs import randn, uniform
+from .moe import _check, distinct_logits, expert_groups
+from .registry import Case, OpDef, Tolerance
+
+ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_scale(scale, n_exp: int, rows: int, what: str) -> None:
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+        raise TypeError(f"{what} must be a float32 tensor, got {getattr(scale, 'dtype', type(scale))}")
+    if tuple(scale.shape) not in ((n_exp,), (n_exp, 1, 1), (n_exp, rows, 1)):
+        raise ValueError(f"{what} has shape {tuple(scale.shape)}; it must be [{n_exp}] or [{n_exp}, 1, 1] "
+                         f"(per-expert tensor) or [{n_exp}, {rows}, 1] (per output channel)")
+
+
+def _check_fp8(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k):
+    if w13_q.dtype not in FP8_DTYPES.values() or w2_q.dtype != w13_q.dtype:
+        raise TypeError(f"w13_q and w2_q must both be float8_e4m3fn or both float8_e4m3fnuz, got {w13_q.dtype}, "
+                        f"{w2_q.dtype}")
+    if x.dtype not in ACT_DTYPES:
+        raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    # moe's shape checks want one dtype for x and the weights: hand it x-dtype stand-ins of the weight shapes
+    _check(x, torch.empty(w13_q.shape, dtype=x.dtype, device="meta"),
+           torch.empty(w2_q.shape, dtype=x.dtype, device="meta"), router_logits, top_k)
+    n_exp, two_i, hidden = w13_q.shape
+    _check_scale(w13_scale, n_exp, two_i, "w13_scale")
+    _check_scale(w2_scale, n_exp, hidden, "w2_scale")
+
+
+def dequantize_expert(w_q: torch.Tensor, scale: torch.Tensor, e: int) -> torch.Tensor:
+    """``w_q[e]`` dequantized to fp32 (scale layouts as in the module docstring)."""
+    s = scale[e].reshape(-1, 1) if scale.dim() == 3 else scale[e].reshape(1, 1)
+    return w_q[e].float() * s
+
+
+def _quant_dequant(a: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """Per-row dynamic FP8 quantization of ``a`` [rows, K], returned dequantized in fp32."""
+    q, s = quantize_fp8(a, "token", fp8_dtype)
+    return q.float() * s
+
+
+def _fused_moe_fp8_ref(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k, renormalize):
+    _check_fp8(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k)
+    fp8 = w13_q.dtype
+    inter = w13_q.shape[1] // 2
+    xd = _quant_dequant(x, fp8)  # per token, once for all its experts
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e, tokens, weight in expert_groups(router_logits, top_k, renormalize, w13_q.shape[0]):
+        gate_up = xd[tokens] @ dequantize_expert(w13_q, w13_scale, e).t()
+        # the intermediate is stored in x's dtype (as every implementation keeps it), then quantized per row
+        h = (torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]).to(x.dtype)
+        y = _quant_dequant(h, fp8) @ dequantize_expert(w2_q, w2_scale, e).t()
+        out.index_add_(0, tokens, y * weight)
+    return out.to(x.dtype)
+
+
+def _fused_moe_fp8_fake(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k, renormalize):
+    return x.new_empty(x.shape)
+
+
+def _quantize_experts(w: torch.Tensor, granularity: str, fp8_dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per expert: ``quantize_fp8`` per output channel ("channel": scales [E, N, 1]) or per tensor ("tensor":
+    scales [E]; "tensor3d": [E, 1, 1])."""
+    qs, scales = [], []
+    for e in range(w.shape[0]):
+        q, s = quantize_fp8(w[e], "channel" if granularity == "channel" else "tensor", fp8_dtype)
+        qs.append(q)
+        scales.append(s)
+    scale = torch.stack(scales)
+    if granularity == "tensor3d":
+        scale = scale.reshape(-1, 1, 1)
+    return torch.stack(qs), scale
+
+
+def _varied_weights(e, rows, cols, gen, scale):
+    """Normals times a per-expert factor in [0.5, 1.5] and a per-row factor in [0.7, 1.4] (fp32, on the CPU), so a
+    wrong expert or a misapplied per-channel scale shows."""
+    mag = uniform((e, 1, 1), 0.5, 1.5, torch.float32, "cpu", gen)
+    row = torch.exp2(uniform((e, rows, 1), -0.5, 0.5, torch.float32, "cpu", gen))
+    return randn((e, rows, cols), torch.float32, "cpu", gen, scale=scale) * mag * row
+
+
+def _fused_moe_fp8_inputs(p, dtype, device, gen):
+    t, h, i, e = p["tokens"], p["hidden"], p["inter"], p["experts"]
+    fp8 = FP8_DTYPES[p["fp8"]]
+    g = p["granularity"]
+    # per-token magnitudes in [0.7, 1.4] too, so a wrong activation scale shows
+    x = randn((t, h), torch.float32, "cpu", gen) * torch.exp2(uniform((t, 1), -0.5, 0.5, torch.float32, "cpu", gen))
+    w13_q, w13_scale = _quantize_experts(_varied_weights(e, 2 * i, h, gen, h ** -0.5), g, fp8)
+    w2_q, w2_scale = _quantize_experts(_varied_weights(e, h, i, gen, i ** -0.5), g, fp8)
+    logits = distinct_logits(t, e, dtype, device, gen)
+    return (x.to(dtype=dtype, device=device), w13_q.to(device), w13_scale.to(device), w2_q.to(device),
+            w2_scale.to(device), logits, p["top_k"], p["renormalize"])
+
+
+def _case(name, **params):
+    return Case(name, params)
+
+
+fused_moe_fp8 = OpDef(
+    name="fused_moe_fp8",
+    schema=("(Tensor x, Tensor w13_q, Tensor w13_scale, Tensor w2_q, Tensor w2_scale, Tensor router_logits, "
+            "int top_k, bool renormalize) -> Tensor"),
+    reference=_fused_moe_fp8_ref,
+    fake=_fused_moe_fp8_fake,
+    make_inputs=_fused_moe_fp8_inputs,
+    cases=[
+        _case("mixtral_tiny_channel", tokens=6, hidden=64, inter=96, experts=8, top_k=2, renormalize=True,
+              fp8="e4m3fn", granularity="channel"),
+        _case("e16_top4_tensor", tokens=9, hidden=48, inter=32, experts=16, top_k=4, renormalize=False,
+              fp8="e4m3fn", granularity="tensor"),
+        _case("one_token_fnuz", tokens=1, hidden=64, inter=64, experts=8, top_k=2, renormalize=True,
+              fp8="e4m3fnuz", granularity="channel"),
+        _case("top1_many_tensor3d", tokens=40, hidden=32, inter=40, experts=4, top_k=1, renormalize=False,
+              fp8="e4m3fn", granularity="tensor3d"),
+        _case("e16_top4_fnuz", tokens=17, hidden=80, inter=56, experts=16, top_k=4, renormalize=True,
+              fp8="e4m3fnuz", granularity="tensor"),
+        _case("prefill_top2_channel", tokens=70, hidden=64, inter=48, experts=8, top_k=2, renormalize=True,
+              fp8="e4m3fn", granularity="channel"),
+    ],
+    # Outputs are O(1). FP8 keeps 3 mantissa bits: an implementation that sums in another order (or, on Hopper,
+    # accumulates FP8 products in fewer bits) now and then rounds an activation to the neighbouring FP8 value, a
+    # step of 1/16 to 1/8 of it, and a changed row maximum moves the scale of that whole row. Simulated (relative
+    # noise of 1e-4 on both GEMMs, or an fp32 instead of an x-dtype intermediate), such implementations stay within
+    # 3% of an output row's scale typically and reach ~12% at worst (0.1 absolute on rows of size ~1); a wrong
+    # per-channel scale, expert or routing weight errs by O(1).
+    tolerances={torch.float32: Tolerance(1e-1, 1e-1), torch.bfloat16: Tolerance(1e-1, 1e-1),
+                torch.float16: Tolerance(1e-1, 1e-1)},
+    doc=(
+        "x [T, hidden] (fp32/bf16/fp16: the dtype axis and the output dtype); w13_q [E, 2*I, hidden] (gate rows, "
+        "then up rows), w2_q [E, hidden, I]: both float8_e4m3fn or both float8_e4m3fnuz; w13_scale / w2_scale fp32 "
+        "[E] or [E, 1, 1] (per expert) or [E, N, 1] (per output channel), dequantized weight = w_q[e].float() * "
+        "scale[e]. (weights, ids) = route(router_logits, top_k, renormalize) as in fused_moe. Per token "
+        "xd = dequant(quantize_fp8(x, 'token', w13_q.dtype)); gate_up = xd @ W13[e]^T (fp32); "
+        "h = (silu(gate) * up).to(x.dtype); hd = dequant(quantize_fp8(h, 'token', w13_q.dtype)) (one scale per "
+        "(token, expert) row); out[t] = sum_j weights[t, j] * hd @ W2[e]^T, fp32, returned in x.dtype."
+    ),
+)
+
