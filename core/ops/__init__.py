@@ -16,14 +16,15 @@ from .mla import mla_decode
 from .moe import fused_moe
 from .moe_fp8 import fused_moe_fp8
 from .norm import fused_add_rms_norm, rms_norm
-from .nvfp4 import nvfp4_linear, nvfp4_quantize
+from .nvfp4 import nvfp4_linear, nvfp4_linear_w4a4, nvfp4_quantize
 from .registry import OPS, Case, KernelRegistry, OpDef, Tolerance, active_registry
 from .rotary import build_cos_sin_cache, rotary_embedding
 
 __all__ = [
     "OPS", "Case", "KernelRegistry", "OpDef", "Tolerance", "active_registry",
     "all_reduce", "build_cos_sin_cache", "fp8_linear", "fused_add_rms_norm", "fused_moe", "fused_moe_fp8",
-    "gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "mla_decode", "nvfp4_linear", "nvfp4_quantize",
+    "gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "mla_decode", "nvfp4_linear", "nvfp4_linear_w4a4",
+    "nvfp4_quantize",
     "paged_attention_decode", "paged_attention_prefill",
     "fp8_quantize_per_token", "rms_norm", "rotary_embedding", "silu_and_mul", "write_kv_cache",
 ]

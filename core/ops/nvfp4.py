@@ -170,3 +170,36 @@ nvfp4_linear = OpDef(
         "The weight-only path (what runs on Hopper); activations are not quantized."
     ),
 )
+
+
+def _nvfp4_linear_w4a4_ref(x, x_global_scale, w_packed, w_block_scale, w_global_scale, bias):
+    if x_global_scale.numel() != 1 or x_global_scale.dtype != torch.float32:
+        raise TypeError("x_global_scale must be a one-element float32 tensor (a calibrated input scale)")
+    x_packed, x_block_scale = _nvfp4_quantize_ref(x, x_global_scale)
+    x_scale = x_block_scale.float().repeat_interleave(BLOCK, dim=1) / x_global_scale.reshape(())
+    xq = e2m1_decode(unpack(x_packed)) * x_scale
+    return _nvfp4_linear_ref(xq, w_packed, w_block_scale, w_global_scale, bias).to(x.dtype)
+
+
+def _nvfp4_linear_w4a4_inputs(p, dtype, device, gen):
+    x, w_packed, w_bs, w_gs, bias = _nvfp4_linear_inputs(p, dtype, device, gen)
+    x_gs = nvfp4_global_scale(x) * uniform((), 0.55, 1.0, torch.float32, device, gen)
+    return x, x_gs, w_packed, w_bs, w_gs, bias
+
+
+nvfp4_linear_w4a4 = OpDef(
+    name="nvfp4_linear_w4a4",
+    schema=("(Tensor x, Tensor x_global_scale, Tensor w_packed, Tensor w_block_scale, Tensor w_global_scale, "
+            "Tensor? bias) -> Tensor"),
+    reference=_nvfp4_linear_w4a4_ref,
+    fake=lambda x, x_gs, w_packed, w_bs, w_gs, bias: x.new_empty((x.shape[0], w_packed.shape[0])),
+    make_inputs=_nvfp4_linear_w4a4_inputs,
+    cases=_CASES,
+    tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(1e-2, 1e-2)},
+    doc=(
+        "The FP4 tensor-core linear (Blackwell): out = dequant(nvfp4_quantize(x, x_global_scale)) @ dequant(w)^T "
+        "(+ bias), fp32 accumulate, in x.dtype. x_global_scale is the calibrated input scale a checkpoint carries "
+        "(448 * 6 / amax of calibration activations); the weight arguments are those of nvfp4_linear. Activations "
+        "are quantized exactly as nvfp4_quantize does, so a kernel is compared on the same FP4 values."
+    ),
+)

@@ -25,7 +25,7 @@ KERNEL_MODULES = {
     "rotary": ("rotary_embedding",),
     "fused_moe": ("fused_moe", "fused_moe_fp8"),
     "fp8_linear": ("fp8_linear", "fp8_quantize_per_token"),
-    "nvfp4": ("nvfp4_quantize", "nvfp4_linear"),
+    "nvfp4": ("nvfp4_quantize", "nvfp4_linear", "nvfp4_linear_w4a4"),
 }
 
 

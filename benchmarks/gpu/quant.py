@@ -1,0 +1,229 @@
+"""GPU benchmark of the quantized linear kernels against cuBLAS bf16 (``torch.nn.functional.linear``).
+
+* NVFP4 W4A16 (platforms/triton_kernels/nvfp4.py) at M = 1, 4, 16 on weights [4096, 14336] and [14336, 4096]:
+  goal ratio >= 3.5 over cuBLAS bf16 (the weights are 4.5 bits per value against 16).
+* GGUF Q4_0 and Q8_0 (platforms/triton_kernels/gguf_linear.py) at M = 1 on the same shapes: weight bytes per second
+  against the device-to-device copy bandwidth measured in the same run (goal: half of it), and cuBLAS bf16 beside.
+
+Timing: ``triton.testing.do_bench`` medians (it also flushes L2 before each call), and every timed call rotates over
+several weight buffers whose total is over three times the L2 size. Every kernel's output is checked against the op's
+reference first (relative error); a wrong kernel raises instead of being timed.
+
+``run()`` returns a list of dicts {"bench", "shape", "us", "gbps" or "tflops", "peer", "peer_us", "ratio", "goal",
+"met"}. Besides the goal rows it times the non-default kernel at each M (goal "info") and, with ``tune=True``, a small
+sweep of block configurations (the best per shape and M, goal "info: tuning"), so one run is enough to retune the
+defaults (GEMV_MAX_M, GEMV_*/DOT_* in the kernel modules).
+
+    python benchmarks/gpu/quant.py            # table; --json out.json to save; --no-tune to skip the sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import math
+import sys
+
+import torch
+
+SHAPES = ((4096, 14336), (14336, 4096))  # weight [N, K]
+NVFP4_MS = (1, 4, 16)
+GGUF_QTYPES = ((2, "Q4_0"), (8, "Q8_0"))
+GOAL_RATIO = 3.5
+GGUF_GOAL_FRACTION = 0.5  # of the copy bandwidth
+
+
+def _do_bench(fn) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3  # ms -> us
+
+
+def _rotating(fns) -> float:
+    """Median us of calls that rotate over ``fns`` (one closure per weight buffer)."""
+    it = itertools.cycle(fns)
+    return _do_bench(lambda: next(it)())
+
+
+def _buffers(bytes_per_set: int, l2_bytes: int) -> int:
+    return max(2, min(16, math.ceil(3 * l2_bytes / bytes_per_set)))
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
+
+
+def _check(name: str, got, want, tol: float) -> None:
+    err = _rel_err(got, want)
+    if not err < tol:  # also catches NaN
+        raise AssertionError(f"{name}: relative error {err:.3g} against the reference (tolerance {tol})")
+
+
+def _row(bench, shape, us, nbytes, peer, peer_us, goal, met) -> dict:
+    return {"bench": bench, "shape": shape, "us": round(us, 2), "gbps": round(nbytes / us / 1e3, 1), "peer": peer,
+            "peer_us": round(peer_us, 2), "ratio": round(peer_us / us, 3), "goal": goal, "met": bool(met)}
+
+
+def _copy_bandwidth(device, numel: int = 2**28) -> tuple[float, float]:
+    """(us, GB/s) of a 1 GiB device-to-device copy, counting bytes read plus bytes written."""
+    src = torch.randn(numel, device=device)
+    dst = torch.empty_like(src)
+    us = _do_bench(functools.partial(dst.copy_, src))
+    return us, 2 * src.nbytes / us / 1e3
+
+
+def _random_gguf(n: int, k: int, qtype: int, device, gen) -> torch.Tensor:
+    """Random GGUF bytes made on the GPU (no gguf package needed): random quant bytes, fp16 scales (and Q4_1
+    minimums) of plausible size."""
+    from engine.core.ops.gguf_quant import GGUF_QTYPES as QT
+
+    nb, bb = k // 32, QT[qtype][1]
+    raw = torch.randint(0, 256, (n, nb, bb), dtype=torch.uint8, device=device, generator=gen)
+    d = (torch.rand((n, nb), device=device, generator=gen) * 0.02 + 0.001).half()
+    raw[..., 0:2] = d.view(torch.uint8).view(n, nb, 2)
+    if qtype == 3:
+        m = (torch.rand((n, nb), device=device, generator=gen) * -0.1).half()
+        raw[..., 2:4] = m.view(torch.uint8).view(n, nb, 2)
+    return raw.view(n, nb * bb)
+
+
+def _nvfp4_calls(nmod, x, wq, kernel, config):
+    return [functools.partial(nmod.w4a16_linear, x, *q, None, kernel=kernel, config=config) for q in wq]
+
+
+def _gguf_calls(gmod, x, raws, qtype, k, kernel, config):
+    return [functools.partial(gmod.linear, x, r, qtype, k, kernel=kernel, config=config) for r in raws]
+
+
+def _tune_rows(label, shape, fns_for, configs, peer_us, nbytes):
+    """Time ``fns_for(config)`` for each config; the fastest as one row (configs that fail to compile are skipped)."""
+    best = None
+    for cfg in configs:
+        try:
+            us = _rotating(fns_for(cfg))
+        except Exception as exc:  # an out-of-resources config on this GPU, say
+            print(f"  [tune] {label} {shape} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
+            continue
+        if best is None or us < best[0]:
+            best = (us, cfg)
+    if best is None:
+        return []
+    us, cfg = best
+    return [_row(f"{label} tuned-best {json.dumps(cfg, sort_keys=True)}", shape, us, nbytes, "cuBLAS bf16", peer_us,
+                 f"info: tuning ({len(configs)} configs)", peer_us / us >= GOAL_RATIO)]
+
+
+def run(tune: bool = True, device: str = "cuda") -> list[dict]:
+    """The rows described in the module docstring. ``device`` other than cuda is for smoke-testing the script's logic
+    under the Triton interpreter (with the timing function replaced)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("benchmarks/gpu/quant.py needs a CUDA GPU")
+    from engine.core.ops.gguf_quant import _gguf_linear_ref
+    from engine.core.ops.nvfp4 import _nvfp4_linear_ref, nvfp4_global_scale
+    from engine.platforms.triton_kernels import gguf_linear as gmod
+    from engine.platforms.triton_kernels import nvfp4 as nmod
+
+    dev = torch.device(device)
+    l2 = 50 * 2**20
+    if dev.type == "cuda":
+        l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or l2
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    copy_us, copy_gbps = _copy_bandwidth(dev, 2**28 if dev.type == "cuda" else 2**20)
+    rows.append({"bench": "copy device-to-device (read + write)", "shape": "1 GiB fp32", "us": round(copy_us, 2),
+                 "gbps": round(copy_gbps, 1), "peer": "-", "peer_us": round(copy_us, 2), "ratio": 1.0,
+                 "goal": "the bandwidth ceiling", "met": True})
+
+    for n, k in SHAPES:
+        shape_w = f"{n}x{k}"
+        # cuBLAS bf16 weights, rotating
+        nb16 = _buffers(n * k * 2, l2)
+        w16 = [torch.randn((n, k), device=dev, dtype=torch.bfloat16, generator=gen) * k**-0.5 for _ in range(nb16)]
+        # NVFP4 weights (quantized with the Triton kernel), rotating
+        nvfp4_bytes = n * k // 2 + n * k // 16
+        wq = []
+        for _ in range(_buffers(nvfp4_bytes, l2)):
+            w = torch.randn((n, k), device=dev, dtype=torch.bfloat16, generator=gen) * k**-0.5
+            gs = nvfp4_global_scale(w)
+            wq.append((*nmod.quantize(w, gs), gs))
+        w = None
+        peer_us_by_m = {}
+        for m in NVFP4_MS:
+            x = torch.randn((m, k), device=dev, dtype=torch.bfloat16, generator=gen)
+            peer_us = _rotating([functools.partial(torch.nn.functional.linear, x, w) for w in w16])
+            peer_us_by_m[m] = peer_us
+            default = "gemv" if m <= nmod.GEMV_MAX_M else "dot"
+            kernels = [default] + [kk for kk in ("gemv", "dot") if kk != default and (kk != "gemv" or m <= 4)]
+            ref = _nvfp4_linear_ref(x, *wq[0], None)
+            for kernel in kernels:
+                _check(f"nvfp4 {kernel} M={m} {shape_w}", nmod.w4a16_linear(x, *wq[0], None, kernel=kernel), ref,
+                       2e-2)
+                us = _rotating(_nvfp4_calls(nmod, x, wq, kernel, None))
+                is_default = kernel == default
+                rows.append(_row(f"nvfp4_w4a16[{kernel}]" + ("" if is_default else " (not the default)"),
+                                 f"M={m} {shape_w}", us, nvfp4_bytes, "cuBLAS bf16 F.linear", peer_us,
+                                 f"ratio >= {GOAL_RATIO}" if is_default else "info: the other kernel",
+                                 peer_us / us >= GOAL_RATIO))
+            if tune:
+                if m <= 4:
+                    configs = [dict(block_n=bn, block_b=bb, num_warps=wp)
+                               for bn in (4, 8, 16) for bb in (64, 128, 256) for wp in (4, 8)]
+                    rows += _tune_rows("nvfp4_w4a16[gemv]", f"M={m} {shape_w}",
+                                       functools.partial(_nvfp4_calls, nmod, x, wq, "gemv"), configs, peer_us,
+                                       nvfp4_bytes)
+                configs = [dict(block_n=bn, block_t=bt, num_warps=wp, num_stages=st)
+                           for bn in (64, 128) for bt in (16, 32) for wp in (4, 8) for st in (2, 3, 4)]
+                rows += _tune_rows("nvfp4_w4a16[dot]", f"M={m} {shape_w}",
+                                   functools.partial(_nvfp4_calls, nmod, x, wq, "dot"), configs, peer_us, nvfp4_bytes)
+        wq = w16 = None
+
+        # GGUF at M = 1
+        x = torch.randn((1, k), device=dev, dtype=torch.bfloat16, generator=gen)
+        for qtype, qname in GGUF_QTYPES:
+            raw_bytes = n * (k // 32) * {2: 18, 3: 20, 8: 34}[qtype]
+            raws = [_random_gguf(n, k, qtype, dev, gen) for _ in range(_buffers(raw_bytes, l2))]
+            _check(f"gguf {qname} M=1 {shape_w}", gmod.linear(x, raws[0], qtype, k),
+                   _gguf_linear_ref(x, raws[0], qtype, k), 2e-2)
+            us = _rotating(_gguf_calls(gmod, x, raws, qtype, k, None, None))
+            row = _row(f"gguf_{qname.lower()}_gemv", f"M=1 {shape_w}", us, raw_bytes, "cuBLAS bf16 F.linear",
+                       peer_us_by_m[1], f"GB/s >= {GGUF_GOAL_FRACTION} x copy ({copy_gbps:.0f} GB/s)", False)
+            row["met"] = row["gbps"] >= GGUF_GOAL_FRACTION * copy_gbps
+            rows.append(row)
+            if tune:
+                configs = [dict(block_n=bn, block_b=bb, num_warps=wp)
+                           for bn in (4, 8, 16) for bb in (64, 128, 256) for wp in (4, 8)]
+                rows += _tune_rows(f"gguf_{qname.lower()}_gemv", f"M=1 {shape_w}",
+                                   functools.partial(_gguf_calls, gmod, x, raws, qtype, k, "gemv"), configs,
+                                   peer_us_by_m[1], raw_bytes)
+            raws = None
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _print_table(rows) -> None:
+    head = ("bench", "shape", "us", "GB/s", "peer_us", "ratio", "goal", "met")
+    table = [head] + [(r["bench"], r["shape"], f"{r['us']:.2f}", f"{r.get('gbps', float('nan')):.0f}",
+                       f"{r['peer_us']:.2f}", f"{r['ratio']:.2f}", r["goal"], "yes" if r["met"] else "NO")
+                      for r in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-tune", action="store_true", help="skip the block-configuration sweep")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+    rows = run(tune=not args.no_tune)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    _print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,559 @@
+"""NVFP4 in Triton: ``nvfp4_quantize`` (bit-exact with the reference) and ``nvfp4_linear`` as a W4A16 kernel that
+keeps the weight packed (two e2m1 codes per byte) and dequantizes it in registers; plus the native FP4 path for
+Blackwell (``torch._scaled_mm`` on ``float4_e2m1fn_x2`` operands), gated on the capability and torch.
+
+Numerics (see core/ops/nvfp4.py for the contract):
+
+* quantize: every step is the reference's, in the same order and rounding: ``(amax / 6) * gs`` with IEEE division
+  (``tl.math.div_rn``; Triton's ``/`` on fp32 is approximate on NVIDIA), clamp at 448, round to e4m3 (done in integer
+  arithmetic, ties to even, so no backend conversion rule is involved), one ``div_rn(gs, scale)`` per block, then
+  comparisons against the e2m1 midpoints with the reference's tie rules. The outputs are bit-exact.
+* linear: the weight stays packed; a code becomes fp16 bits ``sign << 15 | (code & 7) << 9`` = ``e2m1 * 2**-14`` exactly
+  (code 1 is an fp16 subnormal) and a block scale ``scale * 2**-120`` as fp32 bits (see the W4A16 section). ``e2m1 *
+  scale`` has at most 6 significant bits and lies in [2**-10, 2688], so the dequantized weight is exact in fp16, bf16
+  and fp32; the powers of two and ``1 / global_scale`` are applied once to the fp32 accumulator at the end.
+
+Two W4A16 kernels: ``_gemv_kernel`` for M <= GEMV_MAX_M (CUDA cores; the weight is decoded once per call and used for
+every row of x; per-16-block partial sums scaled once per block; split-K when N is small), and ``_dot_kernel`` above
+(tensor cores, "swap AB": the dequantized weight tile [BLOCK_N, K step] is the left operand and x^T the right one, so a
+handful of tokens pads to 16 columns rather than 64 rows).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.core.ops.nvfp4 import BLOCK, nvfp4_linear, nvfp4_linear_w4a4, nvfp4_quantize
+from engine.platforms.triton_kernels import interpreting
+
+X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+PRIORITY = 10  # above the reference; the native Blackwell path registers above this
+NATIVE_PRIORITY = PRIORITY + 10
+
+# Rows of x up to which the CUDA-core GEMV runs. Its cost grows with every row (an FMA and an x conversion per weight
+# value per row: ~6 instructions per weight value at M = 1, ~8.5 at M = 2 in the sm_90 SASS), the tensor-core
+# kernel's does not (~7 for any M <= 16). The benchmark times both at M = 1; retune here from its numbers.
+GEMV_MAX_M = 1
+# GEMV tile: rows of W per program, 16-element blocks per loop step (BLOCK_B * 8 bytes of each row), warps.
+GEMV_BLOCK_N = 8
+GEMV_BLOCK_B = 256
+GEMV_WARPS = 8
+# Tensor-core tile: rows of W per program, words (8 values) per K step, warps, software-pipelining stages.
+DOT_BLOCK_N = 128
+DOT_BLOCK_T = 32
+DOT_WARPS = 8
+DOT_STAGES = 3
+# Programs wanted per SM before split-K stops adding splits (HOPPER.md: split K when N / BLOCK_N < 2 x SMs).
+PROGRAMS_PER_SM = 2
+MIN_SPLIT_BLOCK_B = 32  # the smallest GEMV K step (in 16-element blocks) split-K shrinks to
+INTERPRETER_SMS = 4  # a small fake SM count under the interpreter, so the split-K path runs in CI
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# quantize
+
+
+@triton.jit
+def _e4m3_rne(v):
+    """fp32 ``v`` in [0, 448] -> (e4m3fn bits as int32, the e4m3 value as fp32), round to nearest, ties to even."""
+    bits = v.to(tl.int32, bitcast=True)
+    # normal range (v >= 2**-6): keep 3 mantissa bits of the fp32, ties to even; a carry moves into the exponent
+    r = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # & 0xFFF00000
+    normal_bits = (((r >> 23) - 120) << 3) | ((r >> 20) & 7)  # e4m3 exponent = fp32 exponent - 127 + 7
+    normal_val = r.to(tl.float32, bitcast=True)
+    # subnormal range (v < 2**-6): the nearest multiple of 2**-9, ties to even (8 * 2**-9 is 2**-6, bits 0x08)
+    mant = (bits & 0x7FFFFF) | 0x800000
+    shift = tl.minimum(14 - ((bits >> 23) - 127), 25)  # v = mant * 2**(e - 23), q = v * 2**9 = mant >> (14 - e)
+    q = mant >> shift
+    rem = mant & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
+    is_normal = v >= 0.015625
+    return tl.where(is_normal, normal_bits, q), tl.where(is_normal, normal_val, q.to(tl.float32) * 0.001953125)
+
+
+@triton.jit
+def _e2m1_code(v):
+    """Nearest e2m1 code (int32, 0..15) of fp32 ``v``: the reference's midpoints and tie rules, sign bit of v."""
+    a = tl.abs(v)
+    code = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+    code += (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32)
+    sign = (v.to(tl.int32, bitcast=True) >> 31) & 1
+    return code | (sign << 3)
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, gs_ptr, q_ptr, s_ptr, M, NB, stride_xm, stride_qm, stride_sm,
+                     BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    blks = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    j = tl.arange(0, 8)
+    mask2 = (rows[:, None] < M) & (blks[None, :] < NB)
+    mask3 = mask2[:, :, None]
+    rows64 = rows.to(tl.int64)
+    col = blks[None, :, None] * 16 + 2 * j[None, None, :]  # the even element of each pair
+    xp = x_ptr + rows64[:, None, None] * stride_xm + col
+    xe = tl.load(xp, mask=mask3, other=0.0).to(tl.float32)
+    xo = tl.load(xp + 1, mask=mask3, other=0.0).to(tl.float32)
+    gs = tl.load(gs_ptr)
+    amax = tl.maximum(tl.max(tl.abs(xe), axis=2), tl.max(tl.abs(xo), axis=2))
+    scale_bits, scale = _e4m3_rne(tl.minimum(tl.math.div_rn(amax, 6.0) * gs, 448.0))
+    inv = tl.where(scale == 0.0, 0.0, tl.math.div_rn(tl.zeros_like(scale) + gs, tl.where(scale == 0.0, 1.0, scale)))
+    ce = _e2m1_code(xe * inv[:, :, None])
+    co = _e2m1_code(xo * inv[:, :, None])
+    tl.store(q_ptr + rows64[:, None, None] * stride_qm + blks[None, :, None] * 8 + j[None, None, :],
+             (ce | (co << 4)).to(tl.uint8), mask=mask3)
+    tl.store(s_ptr + rows64[:, None] * stride_sm + blks[None, :], scale_bits.to(tl.uint8), mask=mask2)
+
+
+QUANT_BLOCK_M = 16
+QUANT_BLOCK_B = 16
+
+
+def quantize(x: torch.Tensor, global_scale: torch.Tensor):
+    """nvfp4_quantize: x [M, K] -> (packed uint8 [M, K/2], block scales float8_e4m3fn [M, K/16])."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    nb = k // BLOCK
+    packed = torch.empty((m, k // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((m, nb), dtype=torch.uint8, device=x.device)
+    if m and nb:
+        grid = (triton.cdiv(m, QUANT_BLOCK_M), triton.cdiv(nb, QUANT_BLOCK_B))
+        _quantize_kernel[grid](x, global_scale.reshape(1), packed, scales, m, nb, x.stride(0), packed.stride(0),
+                               scales.stride(0), BLOCK_M=QUANT_BLOCK_M, BLOCK_B=QUANT_BLOCK_B, num_warps=4)
+    return packed, scales.view(torch.float8_e4m3fn)
+
+
+def _same_device(t: torch.Tensor, device_type: str) -> bool:
+    return t.device.type == device_type
+
+
+def supports_quantize(device_type: str):
+    def supports(x, global_scale):
+        if not isinstance(x, torch.Tensor) or not _same_device(x, device_type):
+            return f"x must be a tensor on {device_type}"
+        if x.dtype not in X_DTYPES:
+            return f"x dtype {x.dtype} not supported (fp32, bf16, fp16)"
+        if x.dim() != 2 or x.shape[1] % BLOCK:
+            return f"x must be [M, K] with K a multiple of {BLOCK}"
+        if (not isinstance(global_scale, torch.Tensor) or global_scale.dtype != torch.float32
+                or global_scale.numel() != 1 or global_scale.device != x.device):
+            return "global_scale must be a one-element fp32 tensor on x's device"
+        return True
+
+    return supports
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# W4A16 linear
+#
+# Both kernels read the packed weight as int32 words (8 codes each: word t of a row holds elements 8t .. 8t+7, element
+# 8t+e in nibble e) and decode a word with a handful of 32-bit ops: the fp16 high byte of a code c = s.e1.e0.m is
+# s.0000.e1.e0.m. (``(c & 7) << 1 | (c & 8) << 4``), built for the four low nibbles (``hl``) and the four high nibbles
+# (``hh``) of a word at once, then paired two per int32 (``0xFF00FF00`` masks) and widened to fp32. Values are
+# ``e2m1 * 2**-14`` exactly (code 1 is an fp16 subnormal). Block scales are decoded in 32-bit arithmetic too:
+# ``(s & 0x7F) << 20`` read as fp32 is ``scale * 2**-120`` (an fp32 subnormal for e4m3 subnormals; Triton emits no
+# flush-to-zero), times a power of two. Performance notes (sm_90 SASS, read with ptxas/cuobjdump on a CPU host, not
+# timed): the GEMV loop runs ~6 instructions per weight value at M = 1, the tensor-core loop ~7 for any M <= 16.
+
+_M80 = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as int32
+_MFF = tl.constexpr(-0xFF0100)  # 0xFF00FF00 as int32
+
+
+@triton.jit
+def _f16_half(p, HIGH: tl.constexpr):
+    """The low (or high) 16 bits of int32 ``p`` as fp16 bits, widened to fp32."""
+    if HIGH:
+        h = (p >> 16).to(tl.uint16)
+    else:
+        h = p.to(tl.uint16)
+    return h.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _decode_words(w):
+    """int32 words of 8 codes -> the 8 values ``e2m1 * 2**-14`` (fp32, exact), element order 0..7 of each word."""
+    hl = ((w << 1) & 0x0E0E0E0E) | ((w << 4) & _M80)  # fp16 high bytes of the low nibbles: elements 0, 2, 4, 6
+    hh = ((w >> 3) & 0x0E0E0E0E) | (w & _M80)  # ... of the high nibbles: elements 1, 3, 5, 7
+    p04 = (hl << 8) & _MFF
+    p26 = hl & _MFF
+    p15 = (hh << 8) & _MFF
+    p37 = hh & _MFF
+    return (_f16_half(p04, False), _f16_half(p15, False), _f16_half(p26, False), _f16_half(p37, False),
+            _f16_half(p04, True), _f16_half(p15, True), _f16_half(p26, True), _f16_half(p37, True))
+
+
+@triton.jit
+def _scale_bits(sb):
+    """e4m3 scale bytes (int32) as fp32 ``scale * 2**-120`` (exact; subnormal below 2**-6 * 2**-120)."""
+    return ((sb << 20) & 0x07F00000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_row(x_row, blks, bmask, v0, v1, v2, v3, v4, v5, v6, v7, s):
+    """Block sums of one row of x against the decoded [BN, BB, 2] words, times the block scales: [BN, BB]."""
+    BB: tl.constexpr = blks.shape[0]
+    xv = tl.load(x_row + blks[:, None, None] * 16 + tl.arange(0, 2)[None, :, None] * 8
+                 + tl.arange(0, 8)[None, None, :], mask=bmask[:, None, None], other=0.0).to(tl.float32)
+    a, b = tl.split(tl.reshape(xv, [BB, 2, 4, 2]))  # even / odd elements of each word
+    a0, a1 = tl.split(tl.reshape(a, [BB, 2, 2, 2]))
+    b0, b1 = tl.split(tl.reshape(b, [BB, 2, 2, 2]))
+    x0, x4 = tl.split(a0)
+    x2, x6 = tl.split(a1)
+    x1, x5 = tl.split(b0)
+    x3, x7 = tl.split(b1)
+    p = (v0 * x0[None] + v1 * x1[None] + v2 * x2[None] + v3 * x3[None] + v4 * x4[None] + v5 * x5[None]
+         + v6 * x6[None] + v7 * x7[None])  # one FMA chain
+    return tl.sum(p, axis=2) * s
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, NB, stride_xm, stride_wn, stride_sn,
+                 stride_om, blocks_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    """CUDA-core GEMV for up to 4 rows of x. Tile [BLOCK_N rows, BLOCK_B blocks, 2 words]: the K blocks spread over
+    the lanes (one 8-byte load per row and block), the rows stay inside each thread so each x value is loaded once and
+    used for all of them; block sums are scaled once per block. Program (pid_n, pid_k) covers rows pid_n * BLOCK_N ..
+    and blocks pid_k * blocks_per_split ..; with SPLIT, fp32 partials go to part_ptr [splits, M, N]."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    bb = tl.arange(0, BLOCK_B)
+    rmask = rows < N
+    rows64 = rows.to(tl.int64)
+    w_rows = w_ptr + rows64[:, None, None] * stride_wn + tl.arange(0, 2)[None, None, :]
+    s_rows = s_ptr + rows64[:, None] * stride_sn
+    b_start = pid_k * blocks_per_split
+    b_end = tl.minimum(b_start + blocks_per_split, NB)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
+    for b0 in range(b_start, b_end, BLOCK_B):
+        blks = b0 + bb
+        bmask = blks < b_end
+        m2 = rmask[:, None] & bmask[None, :]
+        w = tl.load(w_rows + blks[None, :, None] * 2, mask=m2[:, :, None], other=0)  # [BN, BB, 2] words
+        s = _scale_bits(tl.load(s_rows + blks[None, :], mask=m2, other=0).to(tl.int32)) * 1.329227995784916e36
+        v0, v1, v2, v3, v4, v5, v6, v7 = _decode_words(w)  # 2**120 above: s is the scale itself
+        acc0 += _gemv_row(x_ptr, blks, bmask, v0, v1, v2, v3, v4, v5, v6, v7, s)
+        if BLOCK_M > 1:
+            mr1 = bmask & (blks * 0 + M > 1)
+            acc1 += _gemv_row(x_ptr + stride_xm, blks, mr1, v0, v1, v2, v3, v4, v5, v6, v7, s)
+        if BLOCK_M > 2:
+            mr2 = bmask & (blks * 0 + M > 2)
+            mr3 = bmask & (blks * 0 + M > 3)
+            acc2 += _gemv_row(x_ptr + 2 * stride_xm, blks, mr2, v0, v1, v2, v3, v4, v5, v6, v7, s)
+            acc3 += _gemv_row(x_ptr + 3 * stride_xm, blks, mr3, v0, v1, v2, v3, v4, v5, v6, v7, s)
+    f = tl.math.div_rn(16384.0, tl.load(gs_ptr))  # undo the codes' 2**-14, divide by the global scale
+    _gemv_store(acc0, 0, f, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
+    if BLOCK_M > 1:
+        _gemv_store(acc1, 1, f, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
+    if BLOCK_M > 2:
+        _gemv_store(acc2, 2, f, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
+        _gemv_store(acc3, 3, f, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def _gemv_store(acc, m, f, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS: tl.constexpr,
+                SPLIT: tl.constexpr):
+    res = tl.sum(acc, axis=1) * f
+    mask = rmask & (rows * 0 + m < M)
+    if SPLIT:
+        tl.store(part_ptr + (pid_k * M + m).to(tl.int64) * N + rows, res, mask=mask)
+    else:
+        if HAS_BIAS:
+            res += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + m * stride_om + rows, res.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dot_step(acc, v, s, xp, xmask, DT: tl.constexpr, INTERPRET: tl.constexpr):
+    a = (v * s).to(DT)  # e2m1 * scale * 2**-14: 6 significant bits, multiples of 2**-24: exact in bf16, fp16, fp32
+    xt = tl.load(xp, mask=xmask, other=0.0)
+    if INTERPRET:  # the interpreter's bf16 dot is wrong; fp32 tiles give the right answer
+        return tl.dot(a.to(tl.float32), xt.to(tl.float32), acc)
+    elif DT == tl.float32:
+        return tl.dot(a, xt, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, xt, acc)
+
+
+@triton.jit
+def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, M, N, KW, stride_xm, stride_wn, stride_sn, stride_om,
+                HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_T: tl.constexpr):
+    """Tensor cores, swap AB: out^T tile [BLOCK_N, BLOCK_M] += W [BLOCK_N, K step] @ x^T [K step, BLOCK_M]. A K step
+    is BLOCK_T words; it is eight dots, one per nibble position e, against the x^T rows 8t + e (the order of the terms
+    of a dot product is free, so the codes are never interleaved back into K order)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tt = tl.arange(0, BLOCK_T)
+    rmask = rows < N
+    mmask = ms < M
+    rows64 = rows.to(tl.int64)
+    w_rows = w_ptr + rows64[:, None] * stride_wn
+    s_rows = s_ptr + rows64[:, None] * stride_sn
+    x_cols = x_ptr + ms.to(tl.int64)[None, :] * stride_xm
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0w in range(0, KW, BLOCK_T):
+        t = k0w + tt
+        tmask = t < KW
+        m2 = rmask[:, None] & tmask[None, :]
+        w = tl.load(w_rows + t[None, :], mask=m2, other=0)
+        # the scale itself (2**120 undoes the bits' 2**-120); the codes keep their 2**-14
+        s = _scale_bits(tl.load(s_rows + (t // 2)[None, :], mask=m2, other=0).to(tl.int32)) * 1.329227995784916e36
+        v0, v1, v2, v3, v4, v5, v6, v7 = _decode_words(w)
+        xp = x_cols + (t * 8)[:, None]
+        xmask = tmask[:, None] & mmask[None, :]
+        acc = _dot_step(acc, v0, s, xp, xmask, DT, INTERPRET)
+        acc = _dot_step(acc, v1, s, xp + 1, xmask, DT, INTERPRET)
+        acc = _dot_step(acc, v2, s, xp + 2, xmask, DT, INTERPRET)
+        acc = _dot_step(acc, v3, s, xp + 3, xmask, DT, INTERPRET)
+        acc = _dot_step(acc, v4, s, xp + 4, xmask, DT, INTERPRET)
+        acc = _dot_step(acc, v5, s, xp + 5, xmask, DT, INTERPRET)
+        acc = _dot_step(acc, v6, s, xp + 6, xmask, DT, INTERPRET)
+        acc = _dot_step(acc, v7, s, xp + 7, xmask, DT, INTERPRET)
+    res = acc * tl.math.div_rn(16384.0, tl.load(gs_ptr))  # undo the codes' 2**-14, divide by the global scale
+    if HAS_BIAS:
+        res += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_ptr + ms.to(tl.int64)[None, :] * stride_om + rows[:, None], res.to(out_ptr.dtype.element_ty),
+             mask=rmask[:, None] & mmask[None, :])
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_SMS
+
+
+def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = GEMV_BLOCK_N, block_b: int = GEMV_BLOCK_B):
+    """(block_b, splits, blocks_per_split) for the GEMV. K is split only while the N programs alone leave SMs idle
+    (fewer than PROGRAMS_PER_SM per SM), and then the K step shrinks (not below MIN_SPLIT_BLOCK_B) to make pieces."""
+    block_b = min(block_b, triton.next_power_of_2(nblocks))
+    programs = triton.cdiv(n, block_n)
+    target = PROGRAMS_PER_SM * sms
+    splits = 1
+    if programs < target:
+        want = triton.cdiv(target, programs)
+        block_b = max(min(block_b, triton.next_power_of_2(triton.cdiv(nblocks, want))),
+                      min(block_b, MIN_SPLIT_BLOCK_B))
+        splits = min(want, triton.cdiv(nblocks, block_b))
+    per_split = triton.cdiv(triton.cdiv(nblocks, splits), block_b) * block_b
+    return block_b, triton.cdiv(nblocks, per_split), per_split
+
+
+def dot_config(m: int, dtype: torch.dtype) -> dict:
+    """Tensor-core tile for M rows of x (fp32 x, an IEEE fp32 dot, takes a smaller tile: the big one spills)."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
+    if dtype == torch.float32:
+        return dict(block_m=min(block_m, 64), block_n=64, block_t=16, num_warps=8, num_stages=2)
+    return dict(block_m=block_m, block_n=DOT_BLOCK_N, block_t=16 if block_m == 128 else DOT_BLOCK_T,
+                num_warps=DOT_WARPS, num_stages=DOT_STAGES)
+
+
+def _words(w_packed: torch.Tensor) -> torch.Tensor:
+    """The packed weight as int32 words [N, K/8] (K % 16 == 0, so rows are whole words); a weight whose storage is
+    not 4-byte aligned (a view at an odd offset) is copied."""
+    if w_packed.data_ptr() % 4:
+        w_packed = w_packed.contiguous().clone()
+    return w_packed.view(torch.int32)
+
+
+def w4a16_linear(x, w_packed, w_block_scale, w_global_scale, bias=None, *, kernel: str | None = None, config=None):
+    """nvfp4_linear, W4A16: out [M, N] = x @ dequant(w)^T (+ bias) in x.dtype. ``kernel`` ("gemv" or "dot") and
+    ``config`` (block sizes, warps, stages, splits) override the heuristics; the benchmark uses them to tune."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    n = w_packed.shape[0]
+    nb = k // BLOCK
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
+    words = _words(w_packed)
+    gs = w_global_scale.reshape(1)
+    scales = w_block_scale.view(torch.uint8)
+    has_bias = bias is not None
+    bias_arg = bias if has_bias else gs  # any pointer; not read
+    cfg = dict(config or {})
+    if kernel is None:
+        kernel = "gemv" if m <= GEMV_MAX_M else "dot"
+    if kernel == "gemv":
+        if m > 4:
+            raise ValueError(f"the GEMV kernel takes at most 4 rows of x, got {m}")
+        block_n = cfg.get("block_n", GEMV_BLOCK_N)
+        block_b, splits, per_split = gemv_plan(n, nb, cfg.get("sms", _sm_count(x.device)), block_n,
+                                               cfg.get("block_b", GEMV_BLOCK_B))
+        if "splits" in cfg:
+            per_split = triton.cdiv(triton.cdiv(nb, cfg["splits"]), block_b) * block_b
+            splits = triton.cdiv(nb, per_split)
+        part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+        _gemv_kernel[(triton.cdiv(n, block_n), splits)](
+            x, words, scales, gs, bias_arg, out, part, m, n, nb, x.stride(0), words.stride(0), scales.stride(0),
+            out.stride(0), per_split, HAS_BIAS=has_bias, SPLIT=splits > 1, BLOCK_M=triton.next_power_of_2(m),
+            BLOCK_N=block_n, BLOCK_B=block_b, num_warps=cfg.get("num_warps", GEMV_WARPS),
+            num_stages=cfg.get("num_stages", 2))
+        if splits > 1:
+            res = part.sum(0)
+            if has_bias:
+                res += bias.float()
+            out.copy_(res)
+        return out
+    dc = dot_config(m, x.dtype)
+    dc.update(cfg)
+    _dot_kernel[(triton.cdiv(n, dc["block_n"]), triton.cdiv(m, dc["block_m"]))](
+        x, words, scales, gs, bias_arg, out, m, n, k // 8, x.stride(0), words.stride(0), scales.stride(0),
+        out.stride(0), HAS_BIAS=has_bias, INTERPRET=interpreting(), BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"],
+        BLOCK_T=dc["block_t"], num_warps=dc["num_warps"], num_stages=dc["num_stages"])
+    return out
+
+
+def _linear_verdict(device_type, x, w_packed, w_block_scale, w_global_scale, bias):
+    tensors = (x, w_packed, w_block_scale, w_global_scale)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return "x, w_packed, w_block_scale and w_global_scale must be tensors"
+    if not _same_device(x, device_type) or any(t.device != x.device for t in tensors[1:]):
+        return f"all tensors must be on one {device_type} device"
+    if x.dtype not in X_DTYPES:
+        return f"x dtype {x.dtype} not supported (fp32, bf16, fp16)"
+    if x.dim() != 2 or x.shape[1] % BLOCK:
+        return f"x must be [M, K] with K a multiple of {BLOCK}"
+    k = x.shape[1]
+    if w_packed.dtype != torch.uint8 or w_packed.dim() != 2 or w_packed.shape[1] * 2 != k:
+        return f"w_packed must be uint8 [N, K/2={k // 2}]"
+    n = w_packed.shape[0]
+    if w_block_scale.dtype != torch.float8_e4m3fn or tuple(w_block_scale.shape) != (n, k // BLOCK):
+        return f"w_block_scale must be float8_e4m3fn [N={n}, K/16={k // BLOCK}]"
+    if not (w_packed.is_contiguous() and w_block_scale.is_contiguous()):
+        return "w_packed and w_block_scale must be contiguous"
+    if w_global_scale.dtype != torch.float32 or w_global_scale.numel() != 1:
+        return "w_global_scale must be a one-element fp32 tensor"
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.device != x.device or tuple(bias.shape) != (n,):
+            return f"bias must be None or a [N={n}] tensor on x's device"
+        if not bias.is_floating_point():
+            return "bias must be floating point"
+    return True
+
+
+def supports_w4a16(device_type: str):
+    def supports(x, w_packed, w_block_scale, w_global_scale, bias):
+        return _linear_verdict(device_type, x, w_packed, w_block_scale, w_global_scale, bias)
+
+    return supports
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# native FP4 (Blackwell): torch._scaled_mm on float4_e2m1fn_x2
+
+
+def native_fp4_available(capability, torch_module) -> tuple[bool, str]:
+    """Whether the native NVFP4 GEMM can run: compute capability >= 10.0 (Blackwell's block-scaled FP4 tensor cores),
+    a CUDA (not ROCm) torch, with ``float4_e2m1fn_x2`` and ``_scaled_mm``. Returns (ok, reason); pure, so it is tested
+    anywhere with a stand-in torch module."""
+    if capability is None:
+        return False, "no compute capability (not a CUDA device)"
+    if getattr(getattr(torch_module, "version", None), "hip", None):
+        return False, "ROCm torch: the swizzled FP4 block-scale layout is cuBLAS's"
+    cap = tuple(capability)
+    if cap < (10, 0):
+        return False, f"compute capability {cap[0]}.{cap[1]} < 10.0: no FP4 tensor cores (Hopper runs the W4A16 kernel)"
+    missing = [a for a in ("float4_e2m1fn_x2", "_scaled_mm") if not hasattr(torch_module, a)]
+    if missing:
+        return False, f"torch {getattr(torch_module, '__version__', '?')} lacks {', '.join(missing)}"
+    return True, f"compute capability {cap[0]}.{cap[1]} and torch._scaled_mm with float4_e2m1fn_x2"
+
+
+def blocked_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Block scales [R, C] -> the flat layout cuBLAS wants for block-scaled FP4/FP8 GEMMs (torch's ``to_blocked``):
+    R padded to 128 and C to 4 with zeros, then 128x4 tiles in row-major tile order, each stored as 32 x (4 x 4):
+    element (r, c) of a tile sits at (r % 32) * 16 + (r // 32) * 4 + c."""
+    rows, cols = scales.shape
+    rb, cb = triton.cdiv(rows, 128), triton.cdiv(cols, 4)
+    padded = scales
+    if (rows, cols) != (rb * 128, cb * 4):
+        padded = torch.zeros((rb * 128, cb * 4), dtype=scales.dtype, device=scales.device)
+        padded[:rows, :cols] = scales
+    tiles = padded.view(rb, 128, cb, 4).permute(0, 2, 1, 3)  # [rb, cb, 128, 4]
+    return tiles.reshape(rb * cb, 4, 32, 4).transpose(1, 2).reshape(-1).contiguous()
+
+
+# Weights do not change between calls: keep their re-laid-out scales, keyed on the scale tensor's identity (checked
+# through a weak reference, with its data pointer and version counter, so a replaced or in-place-updated tensor is
+# seen). A WeakKeyDictionary cannot be used: it compares tensor keys with ==.
+_BLOCKED_WEIGHT_SCALES: dict[int, tuple] = {}
+
+
+def _weight_blocked_scales(w_block_scale: torch.Tensor) -> torch.Tensor:
+    key = id(w_block_scale)
+    hit = _BLOCKED_WEIGHT_SCALES.get(key)
+    if (hit is not None and hit[0]() is w_block_scale and hit[1] == w_block_scale._version
+            and hit[2] == w_block_scale.data_ptr()):
+        return hit[3]
+    blocked = blocked_scales(w_block_scale)
+    ref = weakref.ref(w_block_scale, lambda _, key=key: _BLOCKED_WEIGHT_SCALES.pop(key, None))
+    _BLOCKED_WEIGHT_SCALES[key] = (ref, w_block_scale._version, w_block_scale.data_ptr(), blocked)
+    return blocked
+
+
+def native_fp4_linear(x, x_gs, w_packed, w_block_scale, w_global_scale, bias=None):
+    """``nvfp4_linear_w4a4`` on Blackwell: x is quantized to NVFP4 with its calibrated global scale (the Triton
+    quantizer, bit-exact with the reference), then one block-scaled FP4 GEMM; the two global scales and the bias
+    are applied to its bf16 output in fp32."""
+    x_gs = x_gs.reshape(())
+    xq, x_bs = quantize(x, x_gs)
+    a = xq.view(torch.float4_e2m1fn_x2)
+    b = w_packed.view(torch.float4_e2m1fn_x2).t()  # [K/2, N], column-major as _scaled_mm wants
+    mm = torch._scaled_mm(a, b, blocked_scales(x_bs), _weight_blocked_scales(w_block_scale),
+                          out_dtype=torch.bfloat16)
+    out = mm.float() / (x_gs * w_global_scale.reshape(()))
+    if bias is not None:
+        out += bias.float()
+    return out.to(x.dtype)
+
+
+def supports_native(device_type: str):
+    def supports(x, x_global_scale, w_packed, w_block_scale, w_global_scale, bias):
+        if x_global_scale.numel() != 1 or x_global_scale.dtype != torch.float32:
+            return "x_global_scale must be a one-element float32 tensor"
+        ok = _linear_verdict(device_type, x, w_packed, w_block_scale, w_global_scale, bias)
+        if ok is not True:
+            return ok
+        k, n = x.shape[1], w_packed.shape[0]
+        if k % 32 or n % 16:
+            return "torch._scaled_mm FP4 needs K % 32 == 0 and N % 16 == 0"
+        return True
+
+    return supports
+
+
+def register(registry, device_type: str, capability=None) -> None:
+    registry.register(nvfp4_quantize, quantize, name="triton_nvfp4_quantize", supports=supports_quantize(device_type),
+                      priority=PRIORITY, note="Triton, bit-exact with the reference")
+    registry.register(nvfp4_linear, w4a16_linear, name="triton_nvfp4_w4a16", supports=supports_w4a16(device_type),
+                      priority=PRIORITY,
+                      note=f"Triton W4A16, packed weights dequantized in registers: CUDA-core GEMV for M <= "
+                           f"{GEMV_MAX_M} (split-K when N is small), tensor cores (swap AB) above")
+    if device_type != "cuda":  # not a candidate at all (xpu, or cpu under the interpreter): nothing to report
+        return
+    ok, why = native_fp4_available(capability, torch)
+    if ok:
+        registry.register(nvfp4_linear_w4a4, native_fp4_linear, name="native_fp4_scaled_mm",
+                          supports=supports_native(device_type), priority=NATIVE_PRIORITY,
+                          note="torch._scaled_mm on FP4 tensor cores; W4A4: activations quantized to NVFP4 per call")
+    else:
+        registry.skip(nvfp4_linear_w4a4, "native_fp4_scaled_mm", why)
