@@ -24,6 +24,7 @@ import functools
 import itertools
 import json
 import math
+import os
 import sys
 
 import torch
@@ -115,9 +116,12 @@ def _tune_rows(label, shape, fns_for, configs, peer_us, nbytes):
                  f"info: tuning ({len(configs)} configs)", peer_us / us >= GOAL_RATIO)]
 
 
-def run(tune: bool = True, device: str = "cuda") -> list[dict]:
-    """The rows described in the module docstring. ``device`` other than cuda is for smoke-testing the script's logic
-    under the Triton interpreter (with the timing function replaced)."""
+def run(tune: bool | None = None, device: str = "cuda") -> list[dict]:
+    """The rows described in the module docstring (``tune``, default ENGINE_BENCH_SWEEP, adds the block-size sweep).
+    ``device`` other than cuda is for smoke-testing the script's logic under the Triton interpreter (with the timing
+    function replaced)."""
+    if tune is None:
+        tune = os.environ.get("ENGINE_BENCH_SWEEP", "0") not in ("", "0")
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("benchmarks/gpu/quant.py needs a CUDA GPU")
     from engine.core.ops.gguf_quant import _gguf_linear_ref
