@@ -140,12 +140,11 @@ fused_moe_fp8 = OpDef(
     ],
     # Outputs are O(1). FP8 keeps 3 mantissa bits: an implementation that sums in another order (or, on Hopper,
     # accumulates FP8 products in fewer bits) now and then rounds an activation to the neighbouring FP8 value, a
-    # step of 1/16 to 1/8 of it, and a changed row maximum moves the scale of that whole row. Simulated (relative
-    # noise of 1e-4 on both GEMMs, or an fp32 instead of an x-dtype intermediate), such implementations stay within
-    # 3% of an output row's scale typically and reach ~12% at worst (0.1 absolute on rows of size ~1); a wrong
-    # per-channel scale, expert or routing weight errs by O(1).
-    tolerances={torch.float32: Tolerance(1e-1, 1e-1), torch.bfloat16: Tolerance(1e-1, 1e-1),
-                torch.float16: Tolerance(1e-1, 1e-1)},
+    # step of 1/16 to 1/8 of it, and a changed row maximum moves the scale of a whole row. Simulated over 720 runs
+    # of these cases, relative noise of 1e-6 / 1e-5 / 6e-5 on both GEMMs' results stayed within 0.05 / 0.10 / 0.10
+    # (max |err| / (1 + |ref|)), while one mean scale in place of per-channel scales errs by 0.27 at least.
+    tolerances={torch.float32: Tolerance(0.15, 0.15), torch.bfloat16: Tolerance(0.15, 0.15),
+                torch.float16: Tolerance(0.15, 0.15)},
     doc=(
         "x [T, hidden] (fp32/bf16/fp16: the dtype axis and the output dtype); w13_q [E, 2*I, hidden] (gate rows, "
         "then up rows), w2_q [E, hidden, I]: both float8_e4m3fn or both float8_e4m3fnuz; w13_scale / w2_scale fp32 "
