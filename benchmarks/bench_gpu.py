@@ -120,6 +120,7 @@ def engine_section(ceil: dict, quick: bool) -> list[dict]:
         batches = [64] if quick or name != "llama-8b" else [64, 256]
         hf = {b: hf_generate(tmp, b, in_len, out_len, cfg.vocab_size) for b in batches}
         hf[1] = hf_generate(tmp, 1, in_len, 32, cfg.vocab_size)
+        print(f"{name}: HF generate tok/s {hf}", flush=True)
         torch.cuda.empty_cache()
         llm = LLM(tmp, dtype="bfloat16", max_num_seqs=max(batches), max_num_batched_tokens=8192,
                   enable_prefix_caching=False, max_model_len=1024)
@@ -131,6 +132,7 @@ def engine_section(ceil: dict, quick: bool) -> list[dict]:
                          "tok_s": tps, "peer": "HF generate", "peer_tok_s": hf[b], "ratio": tps / hf[b],
                          "roofline_frac": roof / dt, "goal": f">= {goal}x HF, >= 70% roofline" if goal else "",
                          "met": bool(goal) and tps / hf[b] >= goal and roof / dt >= 0.7})
+            print(rows[-1], flush=True)
         # single request: decode rate after the prompt, against the weight-read roofline
         tps, dt = engine_generate(llm, 1, in_len, 129, cfg.vocab_size)
         roof_tps = ceil["copy_bytes_per_s"] / weight_bytes
@@ -138,6 +140,7 @@ def engine_section(ceil: dict, quick: bool) -> list[dict]:
                      "tok_s": tps, "peer": "HF generate", "peer_tok_s": hf[1], "ratio": tps / hf[1],
                      "roofline_frac": tps / roof_tps, "goal": ">= 80% of weight-read roofline (decode)",
                      "met": tps / roof_tps >= 0.8, "graphs": llm.runner.graphs is not None})
+        print(rows[-1], flush=True)
         del llm
         torch.cuda.empty_cache()
         for f in Path(tmp).iterdir():
