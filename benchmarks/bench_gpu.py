@@ -87,22 +87,48 @@ def roofline_seconds(cfg, n: int, in_len: int, out_len: int, weight_bytes: int, 
     return total
 
 
-def engine_generate(llm, n: int, in_len: int, out_len: int, vocab: int) -> tuple[float, float]:
+def engine_generate(llm, n: int, in_len: int, out_len: int, vocab: int) -> tuple[float, float, dict]:
+    """(output tok/s, wall seconds, where the time went: prefill and decode-only step seconds from EngineStats)."""
     from engine import SamplingParams
 
     prompts = _prompts(n, in_len, vocab, seed=1)
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
-    llm.generate(prompts[: min(n, 8)], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    # Warm-up on the same shapes: Triton compiles a kernel variant on first use of each specialization (an int
+    # argument divisible by 16 or not, ...), which a server pays once; the timed run measures the steady state.
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     torch.cuda.synchronize()
+    llm.engine.stats.reset()
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t
     assert all(len(o.token_ids) == out_len for o in outs)
-    return n * out_len / dt, dt
+    st = llm.engine.stats
+    split = {"prefill_s": st.prefill_time, "decode_s": st.decode_time, "steps": st.num_steps,
+             "decode_step_ms": 1e3 * st.decode_time / max(st.num_steps - 1, 1)}
+    return n * out_len / dt, dt, split
 
 
-def engine_section(ceil: dict, quick: bool) -> list[dict]:
+def profile_decode(llm, n: int, vocab: int, out: Path) -> None:
+    """torch.profiler over a short decode-heavy workload: where host and device time go (written to out)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine import SamplingParams
+
+    prompts = _prompts(n, 16, vocab, seed=2)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    llm.generate(prompts, params)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.generate(prompts, params)
+    ka = prof.key_averages()
+    text = (ka.table(sort_by="self_cpu_time_total", row_limit=30) + "\n\n"
+            + ka.table(sort_by="self_cuda_time_total", row_limit=25))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"profile_{n}req.txt").write_text(text)
+    print(ka.table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+
+
+def engine_section(ceil: dict, quick: bool, profile_dir: Path | None = None) -> list[dict]:
     from engine import LLM
     from engine.core.engine.memory import weight_nbytes
     from engine.core.loader import load_checkpoint
@@ -110,6 +136,8 @@ def engine_section(ceil: dict, quick: bool) -> list[dict]:
 
     rows = []
     shapes = [("llama-1b", LLAMA_1B)] if quick else [("llama-8b", LLAMA_8B), ("llama-1b", LLAMA_1B)]
+    if os.environ.get("BENCH_SHAPES"):
+        shapes = [(n, s) for n, s in shapes if n in os.environ["BENCH_SHAPES"].split(",")]
     in_len = out_len = 128
     for name, shape in shapes:
         tmp = tempfile.mkdtemp(prefix=f"bench_{name}_")
@@ -125,22 +153,24 @@ def engine_section(ceil: dict, quick: bool) -> list[dict]:
         llm = LLM(tmp, dtype="bfloat16", max_num_seqs=max(batches), max_num_batched_tokens=8192,
                   enable_prefix_caching=False, max_model_len=1024)
         for b in batches:
-            tps, dt = engine_generate(llm, b, in_len, out_len, cfg.vocab_size)
+            tps, dt, split = engine_generate(llm, b, in_len, out_len, cfg.vocab_size)
             roof = roofline_seconds(cfg, b, in_len, out_len, weight_bytes, ceil)
             goal = {64: 12, 256: 5}.get(b, 0) if name == "llama-8b" else 0
             rows.append({"bench": f"engine generate {name}", "shape": f"{b} req x {in_len} in / {out_len} out",
                          "tok_s": tps, "peer": "HF generate", "peer_tok_s": hf[b], "ratio": tps / hf[b],
                          "roofline_frac": roof / dt, "goal": f">= {goal}x HF, >= 70% roofline" if goal else "",
-                         "met": bool(goal) and tps / hf[b] >= goal and roof / dt >= 0.7})
+                         "met": bool(goal) and tps / hf[b] >= goal and roof / dt >= 0.7, **split})
             print(rows[-1], flush=True)
         # single request: decode rate after the prompt, against the weight-read roofline
-        tps, dt = engine_generate(llm, 1, in_len, 129, cfg.vocab_size)
+        tps, dt, split = engine_generate(llm, 1, in_len, 129, cfg.vocab_size)
         roof_tps = ceil["copy_bytes_per_s"] / weight_bytes
         rows.append({"bench": f"engine single request {name}", "shape": f"1 req x {in_len} in / 129 out",
                      "tok_s": tps, "peer": "HF generate", "peer_tok_s": hf[1], "ratio": tps / hf[1],
                      "roofline_frac": tps / roof_tps, "goal": ">= 80% of weight-read roofline (decode)",
-                     "met": tps / roof_tps >= 0.8, "graphs": llm.runner.graphs is not None})
+                     "met": tps / roof_tps >= 0.8, "graphs": llm.runner.graphs is not None, **split})
         print(rows[-1], flush=True)
+        if profile_dir is not None and name == "llama-1b":
+            profile_decode(llm, 64, cfg.vocab_size, profile_dir)
         del llm
         torch.cuda.empty_cache()
         for f in Path(tmp).iterdir():
@@ -153,6 +183,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", action="append", help="sections: ceilings, engine, " + ", ".join(KERNEL_SECTIONS))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="also profile 64-request decode on the 1B model")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_gpu needs a CUDA GPU", file=sys.stderr)
@@ -169,7 +200,7 @@ def main() -> int:
         if name in want:
             _section(result, name, lambda name=name: importlib.import_module(f"gpu.{name}").run())
     if "engine" in want:
-        _section(result, "engine", lambda: engine_section(ceil, a.quick))
+        _section(result, "engine", lambda: engine_section(ceil, a.quick, Path(a.out) if a.profile else None))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_gpu.json").write_text(json.dumps(result, indent=1, default=str))
