@@ -2,16 +2,19 @@
 DeepSeek-style) and the per-token / per-channel ``torch._scaled_mm`` path, each against ``torch._scaled_mm`` with
 per-tensor scales measured in the same run; plus the dynamic quantizer against the torch reference.
 
-    python benchmarks/gpu/fp8.py            # prints the rows as a table (benchmarks/bench_gpu.py runs it too)
+    python benchmarks/gpu/fp8.py                       # default rows only (short; benchmarks/bench_gpu.py runs it)
+    ENGINE_BENCH_SWEEP=1 python benchmarks/gpu/fp8.py  # plus the block-scaled GEMM sweep at 4096 and 8192
 
 ``run() -> list[dict]``: bench, shape (MxNxK), us (median of triton.testing.do_bench), tflops, peer, peer_us,
 ratio (peer_us / us: above 1 is faster than the peer), goal, met, and max_rel_err (the output against the op's
-reference, computed on the GPU). Rows named "sweep ..." time other tile configurations of the block-scaled GEMM
-(platforms/triton_kernels/fp8_linear.py ``gemm_config`` holds the one in use): a better one there is the next tuning
-step.
+reference, computed on the GPU). Rows named "sweep ..." (ENGINE_BENCH_SWEEP=1) time other tile configurations and
+loop variants of the block-scaled GEMM (flags P = PREFETCH, D = DEFER, T = TMA; platforms/triton_kernels/fp8_linear.py
+``gemm_config`` holds the one in use): a better one there is the next tuning step.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -19,11 +22,23 @@ DEVICE = "cuda"
 GOAL = 0.8  # the Triton block-scaled GEMM vs _scaled_mm per-tensor at the large squares
 SIZES = (4096, 8192)
 DECODE_M = 16
-_C = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M): BLOCK_K is 128 (one scale block per step)
-    (64, 128, 4, 3, 8), (64, 128, 4, 4, 8), (64, 128, 4, 3, 32), (128, 128, 8, 3, 8), (128, 128, 8, 4, 8),
-    (64, 256, 8, 3, 8), (128, 64, 4, 4, 8),
+SWEEP_ON = os.environ.get("ENGINE_BENCH_SWEEP", "") not in ("", "0")  # the tile/variant sweep is opt-in
+_C = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M, variant flags): BLOCK_K is 128 (one scale block per step)
+    (64, 128, 4, 4, 8, ""), (64, 128, 4, 4, 8, "P"), (64, 128, 4, 4, 8, "D"), (64, 128, 4, 4, 8, "PD"),
+    (64, 128, 4, 3, 8, "PD"), (64, 128, 4, 4, 8, "TPD"), (64, 128, 4, 4, 8, "T"), (64, 128, 4, 5, 8, "TPD"),
+    (128, 128, 8, 3, 8, ""), (128, 128, 8, 3, 8, "PD"), (128, 128, 8, 4, 8, "PD"), (128, 128, 8, 3, 8, "TPD"),
+    (128, 128, 8, 4, 8, "TPD"),
 ]
-SWEEP = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=g, num_warps=w, num_stages=s) for bm, bn, w, s, g in _C]
+_FLAGS = {"P": "PREFETCH", "D": "DEFER", "T": "TMA"}  # fp8_linear.py _fp8_gemm_kernel: scales a step ahead /
+# step k scaled beside step k+1's wgmma / tiles through tensor descriptors (the bulk tensor copy engine)
+SWEEP = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=g, num_warps=w, num_stages=s,
+              **{_FLAGS[f]: True for f in flags}) for bm, bn, w, s, g, flags in _C]
+
+
+def _cfg_name(c: dict) -> str:
+    flags = "".join(f for f, name in _FLAGS.items() if c.get(name))
+    return f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']} g{c['GROUP_M']}" + (
+        f" {flags}" if flags else "")
 
 
 def _us(fn) -> float:
@@ -74,9 +89,8 @@ def _gemm_rows(m, n, k, gen, sweep: bool) -> list[dict]:
     rows = []
     cfg = fl.gemm_config(m, n, k, True)
     err = _rel_err(fl.triton_fp8_linear(*args, out), args)
-    rows.append(_row(f"triton block-scaled GEMM {cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} "
-                     f"s{cfg['num_stages']}", m, n, k, _us(lambda: fl.triton_fp8_linear(*args, out)), peer,
-                     peer_us, err=err))
+    rows.append(_row(f"triton block-scaled GEMM {_cfg_name(cfg)}", m, n, k,
+                     _us(lambda: fl.triton_fp8_linear(*args, out)), peer, peer_us, err=err))
     if sweep:
         for c in SWEEP:
             if c == cfg:
@@ -85,10 +99,10 @@ def _gemm_rows(m, n, k, gen, sweep: bool) -> list[dict]:
                 e = _rel_err(fl.triton_fp8_linear(*args, out, config=c), args)
                 us = _us(lambda c=c: fl.triton_fp8_linear(*args, out, config=c))
             except Exception as exc:  # a configuration the compiler or the SM cannot take (shared memory)
-                rows.append({"bench": f"sweep {c}", "shape": f"{m}x{n}x{k}", "error": repr(exc)[:200], "met": False})
+                rows.append({"bench": f"sweep {_cfg_name(c)}", "shape": f"{m}x{n}x{k}", "error": repr(exc)[:200],
+                             "met": False})
                 continue
-            rows.append(_row(f"sweep {c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']} "
-                             f"g{c['GROUP_M']}", m, n, k, us, peer, peer_us, err=e))
+            rows.append(_row(f"sweep {_cfg_name(c)}", m, n, k, us, peer, peer_us, err=e))
 
     rw = _operands(m, n, k, gen, "token", "channel")
     err = _rel_err(fl.scaled_mm_linear(*rw, out), rw)
@@ -129,7 +143,7 @@ def run() -> list[dict]:
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     rows = []
     for s in SIZES:
-        rows += _gemm_rows(s, s, s, gen, sweep=True)
+        rows += _gemm_rows(s, s, s, gen, sweep=SWEEP_ON)
         torch.cuda.empty_cache()
     rows += _gemm_rows(DECODE_M, 8192, 8192, gen, sweep=False)
     rows += _quant_rows(8192, 8192, gen)

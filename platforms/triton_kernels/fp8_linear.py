@@ -191,21 +191,32 @@ def _dot(a, b, WIDEN: tl.constexpr):
 
 
 @triton.jit
-def _add_scaled(acc, part, xs_ptrs, ws_ptrs, kb, s_xsk, s_wsk, X_MODE: tl.constexpr, W_MODE: tl.constexpr,
-                W_ONE: tl.constexpr):
-    """acc + part * (the scales of K block kb): x's per row (X_MODE 2), w's per column or, W_ONE, per tile."""
+def _step_scales(xs_ptrs, ws_ptrs, kb, s_xsk, s_wsk, X_MODE: tl.constexpr, W_MODE: tl.constexpr):
+    """The scales of K block kb that vary along K: x's per row [BLOCK_M] (X_MODE 2), w's per column [BLOCK_N] or,
+    W_ONE, one per tile (W_MODE 2); a side without block scales gives 1.0 (never used)."""
+    sx = 1.0
+    sw = 1.0
     if X_MODE == 2:
         sx = tl.load(xs_ptrs + kb * s_xsk)
+    if W_MODE == 2:
+        sw = tl.load(ws_ptrs + kb * s_wsk)
+    return sx, sw
+
+
+@triton.jit
+def _add_scaled(acc, part, sx, sw, X_MODE: tl.constexpr, W_MODE: tl.constexpr, W_ONE: tl.constexpr):
+    """acc + part * (the step's scales, from :func:`_step_scales`)."""
+    if X_MODE == 2:
         if W_MODE != 2:
             acc += part * sx[:, None]
         elif W_ONE:
-            acc += part * (sx * tl.load(ws_ptrs + kb * s_wsk))[:, None]
+            acc += part * (sx * sw)[:, None]
         else:
-            acc += part * (sx[:, None] * tl.load(ws_ptrs + kb * s_wsk)[None, :])
+            acc += part * (sx[:, None] * sw[None, :])
     elif W_ONE:
-        acc += part * tl.load(ws_ptrs + kb * s_wsk)
+        acc += part * sw
     else:
-        acc += part * tl.load(ws_ptrs + kb * s_wsk)[None, :]
+        acc += part * sw[None, :]
     return acc
 
 
@@ -215,12 +226,20 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, out_ptr, xs_ptr, ws_ptr, bias_ptr, M, N, K,
                      X_MODE: tl.constexpr, W_MODE: tl.constexpr, IN_LOOP: tl.constexpr,
                      W_ONE: tl.constexpr, HAS_BIAS: tl.constexpr, WIDEN: tl.constexpr,
                      EVEN_K: tl.constexpr, I64: tl.constexpr, SB: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                     PREFETCH: tl.constexpr = False, DEFER: tl.constexpr = False, TMA: tl.constexpr = False):
     """out[M, N] = (x * sx) @ (w * sw)^T (+ bias). Modes 0/1/2: per-tensor / per-row / block (SB-wide along K).
 
     A scale constant along K multiplies the accumulator once at the end; a block scale (IN_LOOP) multiplies each
     BLOCK_K-deep partial product before it joins the fp32 accumulator (BLOCK_K divides SB: one scale per row / column
-    per step). W_ONE: BLOCK_N divides SB, so a tile's columns share one weight block (one scale per step)."""
+    per step). W_ONE: BLOCK_N divides SB, so a tile's columns share one weight block (one scale per step).
+
+    Block-scale variants (IN_LOOP; benchmarks/gpu/fp8.py sweeps them): PREFETCH loads the next step's scales one
+    step ahead (registers), so no scale load waits behind the product it scales; DEFER scales step k's product only
+    after step k+1's dot is issued (the product is carried one step), so the scaling FMAs sit beside a running
+    wgmma instead of behind it; TMA: x_ptr / w_ptr are tensor descriptors ([BLOCK_M, BLOCK_K] / [BLOCK_N, BLOCK_K]
+    boxes, zero-filled out of range) and the tiles come through the bulk tensor copy engine (Hopper) instead of
+    per-thread copies."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -238,8 +257,12 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, out_ptr, xs_ptr, ws_ptr, bias_ptr, M, N, K,
         rm = rm.to(tl.int64)
         rn = rn.to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + rm[:, None] * s_xm + offs_k[None, :] * s_xk
-    b_ptrs = w_ptr + rn[None, :] * s_wn + offs_k[:, None] * s_wk
+    if TMA:
+        a_ptrs = 0  # unused: the descriptors take coordinates
+        b_ptrs = 0
+    else:
+        a_ptrs = x_ptr + rm[:, None] * s_xm + offs_k[None, :] * s_xk
+        b_ptrs = w_ptr + rn[None, :] * s_wn + offs_k[:, None] * s_wk
     xs_ptrs = xs_ptr
     ws_ptrs = ws_ptr
     if X_MODE == 2:
@@ -251,25 +274,47 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, out_ptr, xs_ptr, ws_ptr, bias_ptr, M, N, K,
             ws_ptrs = ws_ptr + (rn // SB) * s_wsn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+    nk = tl.cdiv(K, BLOCK_K)
+    if IN_LOOP:
+        sx, sw = _step_scales(xs_ptrs, ws_ptrs, 0, s_xsk, s_wsk, X_MODE, W_MODE)
+        prev = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        psx = sx
+        psw = sw
+    for kt in range(0, nk):
         k0 = kt * BLOCK_K
-        if EVEN_K:
+        if TMA:
+            a = x_ptr.load([pid_m * BLOCK_M, k0])
+            b = w_ptr.load([pid_n * BLOCK_N, k0]).T
+        elif EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
             a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k0, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k0, other=0.0)
         if IN_LOOP:
-            # a fresh product each step: on Hopper the wgmma is waited for before it is scaled (two programs per
-            # SM keep the tensor cores busy meanwhile, see gemm_config)
+            # a fresh product each step, scaled before it joins the fp32 accumulator: on Hopper the wgmma is waited
+            # for before it is scaled (two programs per SM, or DEFER, keep the tensor cores busy meanwhile)
+            if not PREFETCH:
+                sx, sw = _step_scales(xs_ptrs, ws_ptrs, k0 // SB, s_xsk, s_wsk, X_MODE, W_MODE)
             part = _dot(a, b, WIDEN)
-            acc = _add_scaled(acc, part, xs_ptrs, ws_ptrs, k0 // SB, s_xsk, s_wsk, X_MODE, W_MODE, W_ONE)
+            if DEFER:
+                acc = _add_scaled(acc, prev, psx, psw, X_MODE, W_MODE, W_ONE)  # zero product at kt == 0
+                prev = part
+                psx = sx
+                psw = sw
+            else:
+                acc = _add_scaled(acc, part, sx, sw, X_MODE, W_MODE, W_ONE)
+            if PREFETCH:  # the next step's scales (the last step re-reads its own: in range, unused)
+                sx, sw = _step_scales(xs_ptrs, ws_ptrs, (tl.minimum(kt + 1, nk - 1) * BLOCK_K) // SB, s_xsk, s_wsk,
+                                      X_MODE, W_MODE)
         elif WIDEN:
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * s_xk
         b_ptrs += BLOCK_K * s_wk
+    if IN_LOOP and DEFER:
+        acc = _add_scaled(acc, prev, psx, psw, X_MODE, W_MODE, W_ONE)
 
     if X_MODE == 0:
         acc = acc * tl.load(xs_ptr)
@@ -293,8 +338,9 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, out_ptr, xs_ptr, ws_ptr, bias_ptr, M, N, K,
 def gemm_config(m: int, n: int, k: int, in_loop_scales: bool) -> dict:
     """Tile configuration by shape, fixed (no autotuning: it would time kernels, and sync, inside a captured graph).
 
-    Block scales (the partial products are scaled in registers, so the tensor cores wait for that each step): 64x128
-    tiles, 4 warps, 3 stages, small enough for two programs per SM to cover each other's waits. Scales constant along
+    Block scales (the partial products are scaled in registers): 64x128 tiles, 4 warps, 4 stages (two programs per
+    SM: ~240 registers, 96 KB shared each), DEFER (step k's product is scaled while step k+1's wgmma runs) and
+    PREFETCH (scales one step ahead); TMA is a sweep option. Scales constant along
     K (the accumulator stays in the tensor cores): 128x128, 8 warps, 4 stages. Few rows (decode): small M tiles and
     narrow N tiles, so enough programs stream the weight. benchmarks/gpu/fp8.py sweeps alternatives on the GPU."""
     if interpreting():
@@ -303,9 +349,21 @@ def gemm_config(m: int, n: int, k: int, in_loop_scales: bool) -> dict:
         return dict(BLOCK_M=16, BLOCK_N=32 if n <= 8192 else 64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=5)
     if m <= 64:
         return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
-    if in_loop_scales or n <= 1024:
+    if in_loop_scales:  # DEFER: the scaling FMAs run beside the next wgmma (SASS: FFMAs between the QGMMAs)
+        return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4, PREFETCH=True,
+                    DEFER=True)
+    if n <= 1024:
         return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3)
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=4)
+
+
+def _tma_ok(x_q, w_q) -> bool:
+    """Tensor descriptors take row-major operands with 16-byte aligned bases and row strides (Hopper and after;
+    the interpreter emulates them)."""
+    if not interpreting() and (x_q.device.type != "cuda" or _is_hip() or torch.cuda.get_device_capability(
+            x_q.device) < (9, 0)):
+        return False
+    return all(t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x_q, w_q))
 
 
 def triton_fp8_linear(x_q, x_scale, w_q, w_scale, bias, out_dtype, config: dict | None = None):
@@ -325,9 +383,18 @@ def triton_fp8_linear(x_q, x_scale, w_q, w_scale, bias, out_dtype, config: dict 
     xs2 = x_scale.reshape(1, 1) if xl == TENSOR else x_scale
     ws2 = w_scale.reshape(1, 1) if wl == TENSOR else w_scale
     i64 = max(m * x_q.stride(0), n * w_q.stride(0), m * out.stride(0), x_q.numel(), w_q.numel()) >= 2**31 - 1
+    x_arg, w_arg = x_q, w_q
+    if cfg.get("TMA"):
+        if _tma_ok(x_q, w_q) and in_loop:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            x_arg = TensorDescriptor(x_q, [m, k], [x_q.stride(0), 1], [cfg["BLOCK_M"], cfg["BLOCK_K"]])
+            w_arg = TensorDescriptor(w_q, [n, k], [w_q.stride(0), 1], [cfg["BLOCK_N"], cfg["BLOCK_K"]])
+        else:
+            cfg["TMA"] = False
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _fp8_gemm_kernel[grid](
-        x_q, w_q, out, xs2, ws2, bias if bias is not None else out, m, n, k,
+        x_arg, w_arg, out, xs2, ws2, bias if bias is not None else out, m, n, k,
         x_q.stride(0), x_q.stride(1), w_q.stride(0), w_q.stride(1), out.stride(0), out.stride(1),
         xs2.stride(0), xs2.stride(1), ws2.stride(0), ws2.stride(1), bias.stride(0) if bias is not None else 0,
         X_MODE=xl, W_MODE=wl, IN_LOOP=in_loop,

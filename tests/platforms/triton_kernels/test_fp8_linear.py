@@ -96,6 +96,25 @@ def test_gemm_block_scale_paths(config, gen):
     _check_linear(args, torch.float32, fl.triton_fp8_linear(*args, torch.float32, config=config))
 
 
+@pytest.mark.parametrize("variant", [dict(PREFETCH=True), dict(DEFER=True), dict(PREFETCH=True, DEFER=True),
+                                     dict(TMA=True, PREFETCH=True, DEFER=True), dict(TMA=True)],
+                         ids=["prefetch", "defer", "prefetch_defer", "tma_prefetch_defer", "tma"])
+@pytest.mark.parametrize("xg,wg", [("block", "block"), ("tensor", "block"), ("block", "row")])
+def test_gemm_block_scale_variants(variant, xg, wg, gen):
+    """The block-scale loop variants the benchmark sweeps: same function, off-tile M / N / K (K = 400: a partial
+    last scale block; TMA zero-fills what the pointer path masks)."""
+    args = _operands(37, 200, 400, xg, wg, gen=gen, bias_dtype=torch.float32)
+    for bn in (128, 64):  # one weight block per tile, and two tiles per block
+        cfg = dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128, GROUP_M=2, num_warps=4, num_stages=1, **variant)
+        _check_linear(args, torch.float32, fl.triton_fp8_linear(*args, torch.float32, config=cfg))
+
+
+def test_gemm_default_block_config_defers():
+    cfg = fl.gemm_config(4096, 4096, 4096, True)
+    if not fl.interpreting():
+        assert cfg["DEFER"] and cfg["PREFETCH"] and cfg["BLOCK_N"] == 128 and cfg["BLOCK_K"] == 128
+
+
 def test_gemm_empty_and_k_zero(gen):
     x_q, xs, w_q, ws, _ = _operands(3, 32, 64, "tensor", "tensor", gen=gen)
     assert fl.triton_fp8_linear(x_q[:0], xs, w_q, ws, None, torch.bfloat16).shape == (0, 32)
