@@ -18,8 +18,9 @@ Times are ``triton.testing.do_bench`` medians (it flushes L2 between calls); dec
 among copies totalling >= 4x L2. The paged caches use shuffled block tables.
 
 ``run(sweep=True)`` (or ENGINE_BENCH_SWEEP=1; ``python benchmarks/gpu/attention.py --sweep``) adds rows for other
-decode tile / pipeline / partition settings: the defaults in ``decode_config`` and ``decode_partitions`` were
-chosen without a GPU (from sm_90 PTX/SASS only), so that sweep is how to tune them.
+decode tile / pipeline / partition settings and prefill tile / pipeline / GQA-packing settings (``PREFILL_SWEEP``):
+the defaults in ``decode_config``, ``decode_partitions`` and ``prefill_config`` were chosen without a GPU (from
+sm_90 PTX/SASS only), so that sweep is how to tune them.
 """
 
 from __future__ import annotations
@@ -206,7 +207,16 @@ def _graph_row(gen, batch: int, ctx: int) -> dict:
             "met": ok, "max_err": err}
 
 
-def _prefill_row(gen, seqs: int = 8, length: int = 1024) -> dict:
+# prefill sweep: (BLOCK_M, BLOCK_N, num_warps, num_stages, G_TILE); G_TILE None = the whole GQA group per program
+# (K/V tiles shared by the group's query heads), 1 = one query head per program. All compile for sm_90 without
+# spills (checked offline with Triton 3.9); 128x128 tiles need ~160 KB of shared memory.
+PREFILL_SWEEP = (
+    (128, 64, 8, 3, None), (128, 64, 8, 3, 1), (128, 64, 8, 4, None), (128, 128, 8, 2, None), (128, 128, 8, 3, None),
+    (128, 128, 8, 2, 1), (64, 64, 4, 3, None), (64, 64, 4, 3, 1), (64, 128, 8, 2, None), (128, 32, 8, 3, None),
+)
+
+
+def _prefill_rows(gen, sweep: bool, seqs: int = 8, length: int = 1024) -> list[dict]:
     sets = _paged([length] * seqs, gen)
     kc, vc, table, seq_lens, k, v = sets[0]
     q = torch.randn(seqs, HQ, length, D, generator=gen, device=DEVICE, dtype=torch.float32).to(DTYPE)
@@ -214,13 +224,13 @@ def _prefill_row(gen, seqs: int = 8, length: int = 1024) -> dict:
     cu = torch.arange(0, seqs + 1, device=DEVICE, dtype=torch.int32) * length
     scale = D ** -0.5
     k_rep, v_rep = k.repeat_interleave(HQ // HK, 1), v.repeat_interleave(HQ // HK, 1)
-
     want = F.scaled_dot_product_attention(q, k_rep, v_rep, is_causal=True, scale=scale)
-    got = A.paged_prefill(q_packed, kc, vc, table, cu, seq_lens, scale).view(seqs, length, HQ, D).transpose(1, 2)
-    err = (got.float() - want.float()).abs().max().item()
-    ok = err < 2e-2
 
-    us = _bench_us(lambda: A.paged_prefill(q_packed, kc, vc, table, cu, seq_lens, scale))
+    def error(config=None) -> float:
+        got = A.paged_prefill(q_packed, kc, vc, table, cu, seq_lens, scale, config=config)
+        got = got.view(seqs, length, HQ, D).transpose(1, 2)
+        return (got.float() - want.float()).abs().max().item()
+
     peers = {
         "SDPA causal enable_gqa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
                                                                          enable_gqa=True),
@@ -235,12 +245,38 @@ def _prefill_row(gen, seqs: int = 8, length: int = 1024) -> dict:
             pass
     peer, peer_us = min(timed.items(), key=lambda kv: kv[1])
     flops = 4 * seqs * HQ * D * length * (length + 1) / 2  # causal: QK^T and PV over the lower triangle
-    ratio = peer_us / us
+    shape = f"{seqs} x {length} tok causal Hq={HQ} Hk={HK} D={D} block={BLOCK} bf16"
+
+    def row(bench, us, err, extra, goal_kind="default"):
+        ok = err < 2e-2
+        ratio = peer_us / us
+        goal, met = ">= 0.8x SDPA", ok and ratio >= 0.8
+        if goal_kind == "sweep":
+            goal, met = "tuning (informational)", ok
+        if not ok:
+            goal = f"WRONG RESULT (max err {err:.3g}) " + goal
+        return {"bench": bench, "shape": f"{shape} {extra}", "us": us, "tflops": flops / (us * 1e-6) / 1e12,
+                "peer": peer, "peer_us": peer_us, "ratio": ratio, "goal": goal, "met": met, "max_err": err}
+
     cfg = A.prefill_config(D, DTYPE)
-    return {"bench": "prefill", "shape": f"{seqs} x {length} tok causal Hq={HQ} Hk={HK} D={D} block={BLOCK} bf16 {cfg}",
-            "us": us, "tflops": flops / (us * 1e-6) / 1e12, "peer": peer, "peer_us": peer_us, "ratio": ratio,
-            "goal": (">= 0.8x SDPA" if ok else f"WRONG RESULT (max err {err:.3g})"), "met": ok and ratio >= 0.8,
-            "max_err": err}
+    err = error()
+    rows = [row("prefill", _bench_us(lambda: A.paged_prefill(q_packed, kc, vc, table, cu, seq_lens, scale)), err,
+                f"{cfg} G_TILE={A.prefill_g_tile(HQ // HK, cfg['BLOCK_M'], cfg.get('G_TILE'))}")]
+    if sweep:
+        for bm, bn, warps, stages, g_tile in PREFILL_SWEEP:
+            c = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "G_TILE": g_tile}
+            label = f"{c} G_TILE={A.prefill_g_tile(HQ // HK, bm, g_tile)}"
+            try:
+                e = error(c)
+                us = _bench_us(lambda c=c: A.paged_prefill(q_packed, kc, vc, table, cu, seq_lens, scale, config=c),
+                               rep=100)
+            except Exception as exc:  # e.g. out of shared memory for this combination
+                rows.append({"bench": "prefill sweep", "shape": label, "us": float("nan"), "tflops": 0.0,
+                             "peer": peer, "peer_us": peer_us, "ratio": 0.0,
+                             "goal": f"failed: {type(exc).__name__}", "met": False})
+                continue
+            rows.append(row("prefill sweep", us, e, label, "sweep"))
+    return rows
 
 
 def run(sweep: bool | None = None) -> list[dict]:
@@ -255,7 +291,7 @@ def run(sweep: bool | None = None) -> list[dict]:
     for section in (lambda: _decode_rows("decode", 64, 4096, copy_bw, True, gen, sweep),
                     lambda: _decode_rows("decode split-KV", 1, 32768, copy_bw, False, gen, sweep),
                     lambda: [_graph_row(gen, 64, 4096), _graph_row(gen, 2, 16384)],
-                    lambda: [_prefill_row(gen)]):
+                    lambda: _prefill_rows(gen, sweep)):
         rows += section()
         torch.cuda.empty_cache()
     for r in rows:

@@ -13,12 +13,15 @@ accumulation, output in q's dtype):
     sequence's length exit at once, and the reduce reads only the partitions that hold tokens.
 
 ``paged_attention_prefill`` (variable-length, causal)
-    Flash-attention style online softmax with fp32 accumulation. The grid is (Hq, T // BLOCK_M + B),
-    an upper bound on the number of query tiles computed from shapes alone; each program finds its
+    Flash-attention style online softmax with fp32 accumulation. A program's BLOCK_M rows are
+    BLOCK_Q = BLOCK_M // G_TILE queries x G_TILE query heads of one KV head (the GQA group, or a chunk of
+    it, stacked along M), so each K/V tile is read once for the whole group and the causal diagonal is
+    cut finer. The grid is (Hk x group chunks, T // BLOCK_Q + B), an upper bound on the number of query
+    tiles computed from shapes alone, last tiles (longest causal rows) first; each program finds its
     sequence by a binary search over ``cu_seqlens_q`` on the device (sequence b's tiles start at
-    ``cu_seqlens_q[b] // BLOCK_M + b``), so there is no host sync here either. Each sequence's q_len
-    queries are its LAST tokens: query i sits at position ``seq_len - q_len + i`` and sees every cached
-    key up to it (prefix-cache hits and earlier chunks included). Key tiles fully below the tile's
+    ``cu_seqlens_q[b] // BLOCK_Q + b``) and spare programs exit at once, so there is no host sync here.
+    Each sequence's q_len queries are its LAST tokens: query i sits at position ``seq_len - q_len + i``
+    and sees every cached key up to it (prefix-cache hits and earlier chunks included). Key tiles fully below the tile's
     first query position run without a mask; only the diagonal tiles are masked.
 
 Every input may be a strided view (caches too: a view of a combined KV allocation); strides are kernel
@@ -171,13 +174,13 @@ def _decode_reduce_kernel(
 
 
 @triton.jit
-def _find_seq(cu_ptr, stride_cu, tile, num_seqs, BLOCK_M: tl.constexpr):
-    """The last b in [0, num_seqs) whose first query tile, cu_seqlens_q[b] // BLOCK_M + b, is <= tile."""
+def _find_seq(cu_ptr, stride_cu, tile, num_seqs, BLOCK_Q: tl.constexpr):
+    """The last b in [0, num_seqs) whose first query tile, cu_seqlens_q[b] // BLOCK_Q + b, is <= tile."""
     lo: tl.int32 = 0
     hi: tl.int32 = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
-        first = tl.load(cu_ptr + mid * stride_cu) // BLOCK_M + mid
+        first = tl.load(cu_ptr + mid * stride_cu) // BLOCK_Q + mid
         if first <= tile:
             lo = mid + 1
         else:
@@ -188,30 +191,38 @@ def _find_seq(cu_ptr, stride_cu, tile, num_seqs, BLOCK_M: tl.constexpr):
 @triton.jit
 def _prefill_tile(q, m_i, l_i, acc, k_head, v_head, bt_row, stride_btn, stride_kb, stride_kt, stride_vb, stride_vt,
                   n0, kv_end, q_pos, offs_n, d_mask, qk_scale,
-                  BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+                  BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr, UPCAST: tl.constexpr,
+                  PREC: tl.constexpr):
     tok = n0 + offs_n
     if MASKED:
         valid = tok < kv_end
         page = tl.load(bt_row + (tok // BLOCK_SIZE) * stride_btn, mask=valid, other=0)
-    else:
+    else:  # every token is below the tile's first query: no bounds checks
         page = tl.load(bt_row + (tok // BLOCK_SIZE) * stride_btn)
     page = page.to(tl.int64)
     slot = tok % BLOCK_SIZE
     k_ptrs = k_head + (page * stride_kb + slot * stride_kt)[:, None]
     v_ptrs = v_head + (page * stride_vb + slot * stride_vt)[:, None]
     if MASKED:
-        kv_mask = valid[:, None] & d_mask[None, :]
+        if EVEN_D:
+            kv_mask = valid[:, None]
+        else:
+            kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
     else:
-        kv_mask = d_mask[None, :]
-    k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-    v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        k = tl.load(k_ptrs, mask=d_mask[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     if MASKED:
         s = tl.where((tok[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key 0 <= every row's position is in the first tile
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -228,55 +239,73 @@ def _prefill_kernel(
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_vd,
     num_seqs, max_ctx, num_tiles,
-    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, G_TILE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):
-    h = tl.program_id(0)  # heads vary fastest: the GROUP heads of one KV head run together and share K/V in L2
+    # The M rows of a program are BLOCK_Q queries x G_TILE query heads of one KV head (query-major: row r is
+    # query m0 + r // G_TILE, head g0 + r % G_TILE), so each K/V tile is read once for G_TILE heads.
+    BLOCK_Q: tl.constexpr = BLOCK_M // G_TILE
+    NUM_G_CHUNKS: tl.constexpr = (GROUP + G_TILE - 1) // G_TILE
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    # heads vary fastest: the programs of one query tile run together and share K/V in L2
+    kvh = tl.program_id(0) // NUM_G_CHUNKS
+    g0 = (tl.program_id(0) % NUM_G_CHUNKS) * G_TILE
     tile = num_tiles - 1 - tl.program_id(1)  # last tiles (the longest causal rows) first
-    b = _find_seq(cu_ptr, stride_cu, tile, num_seqs, BLOCK_M)
+    b = _find_seq(cu_ptr, stride_cu, tile, num_seqs, BLOCK_Q)
     q_start = tl.load(cu_ptr + b * stride_cu)
     q_len = tl.load(cu_ptr + (b + 1) * stride_cu) - q_start
-    m0 = (tile - (q_start // BLOCK_M + b)) * BLOCK_M
+    m0 = (tile - (q_start // BLOCK_Q + b)) * BLOCK_Q
     if m0 >= q_len:  # one of the spare programs of the upper-bound grid
         return
     seq_len = tl.minimum(tl.load(lens_ptr + b * stride_len), max_ctx)
     ctx = seq_len - q_len  # position of the sequence's first query
 
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    m_mask = offs_m < q_len
+    rows = tl.arange(0, BLOCK_M)
+    if G_TILE == 1:
+        qi = m0 + rows
+        g = g0 + tl.zeros([BLOCK_M], tl.int32)
+    else:
+        qi = m0 + rows // G_TILE
+        g = g0 + rows % G_TILE
+    row_mask = qi < q_len
+    if BLOCK_Q * G_TILE < BLOCK_M:  # rows past the last whole query
+        row_mask = row_mask & (rows < BLOCK_Q * G_TILE)
+    if GROUP % G_TILE != 0:  # the last chunk of the group is short
+        row_mask = row_mask & (g < GROUP)
+    heads = kvh * GROUP + g
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_qt + h * stride_qh
-                + offs_d[None, :] * stride_qd, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(q_ptr + (q_start + qi)[:, None].to(tl.int64) * stride_qt + heads[:, None] * stride_qh
+                + offs_d[None, :] * stride_qd, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    q_pos = ctx + offs_m
+    q_pos = ctx + qi
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     bt_row = bt_ptr + b * stride_btb
-    k_head = k_ptr + (h // GROUP) * stride_kh + offs_d[None, :] * stride_kd
-    v_head = v_ptr + (h // GROUP) * stride_vh + offs_d[None, :] * stride_vd
+    k_head = k_ptr + kvh * stride_kh + offs_d[None, :] * stride_kd
+    v_head = v_ptr + kvh * stride_vh + offs_d[None, :] * stride_vd
     # keys below the tile's first query position (ctx + m0) are visible to all its rows and all cached
     full_end = (ctx + m0 + 1) // BLOCK_N * BLOCK_N
-    kv_end = ctx + tl.minimum(m0 + BLOCK_M, q_len)  # one past the tile's last real query position
+    kv_end = ctx + tl.minimum(m0 + BLOCK_Q, q_len)  # one past the tile's last real query position
     for n0 in range(0, full_end, BLOCK_N):
         m_i, l_i, acc = _prefill_tile(q, m_i, l_i, acc, k_head, v_head, bt_row, stride_btn, stride_kb, stride_kt,
                                       stride_vb, stride_vt, n0, kv_end, q_pos, offs_n, d_mask, qk_scale,
-                                      BLOCK_SIZE, False, UPCAST, PREC)
+                                      BLOCK_SIZE, False, EVEN_D, UPCAST, PREC)
     for n0 in range(full_end, kv_end, BLOCK_N):
         m_i, l_i, acc = _prefill_tile(q, m_i, l_i, acc, k_head, v_head, bt_row, stride_btn, stride_kb, stride_kt,
                                       stride_vb, stride_vt, n0, kv_end, q_pos, offs_n, d_mask, qk_scale,
-                                      BLOCK_SIZE, True, UPCAST, PREC)
+                                      BLOCK_SIZE, True, EVEN_D, UPCAST, PREC)
 
     out = acc / l_i[:, None]
-    out_rows = (q_start + offs_m).to(tl.int64) * NUM_Q_HEADS + h
+    out_rows = (q_start + qi).to(tl.int64) * NUM_Q_HEADS + heads
     tl.store(out_ptr + out_rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & d_mask[None, :])
+             mask=row_mask[:, None] & d_mask[None, :])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -336,18 +365,29 @@ def decode_partitions(batch: int, programs_per_seq: int, max_ctx: int, block_n: 
 
 
 def prefill_config(head_dim: int, dtype: torch.dtype) -> dict:
-    """Tile sizes for the prefill kernel (chosen so that sm_90 compiles them without register spills)."""
+    """Tile sizes for the prefill kernel (chosen so that sm_90 compiles them without register spills).
+
+    ``G_TILE`` query heads of one KV head share a program (stacked along M, so each K/V tile is read once for
+    all of them); None picks ``prefill_g_tile``: the whole GQA group while a tile keeps >= 16 queries."""
     block_d = max(16, _pow2(head_dim))
     if interpreting():
-        return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 1}
+        return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_D": block_d, "G_TILE": None, "num_warps": 4, "num_stages": 1}
     if dtype == torch.float32:  # ieee fp32 dots run on the FMA units: small tiles
         bm = 32 if block_d <= 64 else 16
-        return {"BLOCK_M": bm, "BLOCK_N": 16, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 2}
+        return {"BLOCK_M": bm, "BLOCK_N": 16, "BLOCK_D": block_d, "G_TILE": None, "num_warps": 4, "num_stages": 2}
     if block_d <= 64:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": block_d, "num_warps": 4, "num_stages": 3}
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": block_d, "G_TILE": None, "num_warps": 4, "num_stages": 3}
     if block_d <= 128:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 3}
-    return {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 2}
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": block_d, "G_TILE": None, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": block_d, "G_TILE": None, "num_warps": 8, "num_stages": 2}
+
+
+def prefill_g_tile(group: int, block_m: int, g_tile: int | None = None) -> int:
+    """Query heads per prefill program: ``g_tile`` if given (clamped to 1..group), else as many of the group as
+    leave >= 16 queries in a BLOCK_M tile."""
+    if g_tile is None:
+        g_tile = block_m // 16
+    return max(1, min(group, g_tile, block_m))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -413,16 +453,19 @@ def paged_prefill(q, key_cache, value_cache, block_tables, cu_seqlens_q, seq_len
     _, bs, hk, _ = key_cache.shape
     cfg = dict(prefill_config(d, q.dtype), **(config or {}))
     block_m = cfg["BLOCK_M"]
-    num_tiles = t // block_m + num_seqs  # >= sum over b of cdiv(q_len_b, BLOCK_M), see _find_seq
+    group = hq // hk
+    g_tile = prefill_g_tile(group, block_m, cfg.get("G_TILE"))
+    block_q = block_m // g_tile  # queries per tile
+    num_tiles = t // block_q + num_seqs  # >= sum over b of cdiv(q_len_b, block_q), see _find_seq
     upcast, prec = _dot_options(q.dtype)
-    _prefill_kernel[(hq, num_tiles)](
+    _prefill_kernel[(hk * _cdiv(group, g_tile), num_tiles)](
         q, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens, out,
         scale * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         block_tables.stride(0), block_tables.stride(1), cu_seqlens_q.stride(0), seq_lens.stride(0),
         *key_cache.stride(), *value_cache.stride(),
         num_seqs, block_tables.shape[1] * bs, num_tiles,
-        NUM_Q_HEADS=hq, GROUP=hq // hk, HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_SIZE=bs,
+        NUM_Q_HEADS=hq, GROUP=group, G_TILE=g_tile, HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_SIZE=bs,
         BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], UPCAST=upcast, PREC=prec,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

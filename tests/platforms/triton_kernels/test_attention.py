@@ -4,7 +4,8 @@ Decode: GQA ratios 1, 3, 4 (and a group split over programs), block sizes 16 and
 power of two) and 128, contexts off block multiples, split-KV with several partitions (forced, and from the
 shape heuristic) including partitions past a sequence's end. Prefill: several sequences of different lengths
 in one batch, q_len < seq_len (prefix-cache hits / chunked prefill), q_len = 0 sequences, small tiles so that
-one sequence spans many query and key tiles. fp32, fp16 and bf16. Every cache slot no sequence owns is
+one sequence spans many query and key tiles, the GQA group packed into one
+program's rows (whole, uneven, split over programs). fp32, fp16 and bf16. Every cache slot no sequence owns is
 poisoned with NaN/inf. supports() declining wrong devices, dtypes and shapes with a reason; no host read.
 Under the Triton interpreter on CPU when there is no GPU (keep shapes small: the whole file runs in ~20 s)."""
 
@@ -40,6 +41,10 @@ def registry() -> KernelRegistry:
                  name="split32_bn16", supports=sd)
     reg.register(paged_attention_prefill, functools.partial(kmod.paged_prefill, config={"BLOCK_M": 16, "BLOCK_N": 16}),
                  name="tiles16", supports=sp)
+    # the whole GQA group stacked along M (group 3: 10 queries x 3 heads in 32 rows, 2 rows idle; group 4: 8 x 4)
+    reg.register(paged_attention_prefill, functools.partial(kmod.paged_prefill, config={"BLOCK_M": 32, "BLOCK_N": 16,
+                                                                                        "G_TILE": 4}),
+                 name="packed", supports=sp)
     return reg
 
 
@@ -90,6 +95,9 @@ PREFILL = [
     ("tiles16", _shape(3, 8, 2, 64, 16, 100)),  # GQA 4, many q and k tiles per sequence
     ("tiles16", _shape(3, 6, 2, 80, 32, 50, q_mode="partial")),  # GQA 3, head_dim 80, block 32
     ("tiles16", _shape(1, 3, 1, 128, 16, 77, q_mode="full")),
+    ("packed", _shape(3, 8, 2, 64, 16, 100)),  # GQA 4 packed: 8 queries x 4 heads per tile
+    ("packed", _shape(3, 6, 2, 80, 32, 50, q_mode="partial")),  # GQA 3 packed, rows past 10 x 3 idle
+    ("packed", _shape(2, 10, 2, 64, 16, 60)),  # GQA 5 over two programs of 4 + 1 heads (short last chunk)
 ]
 
 
@@ -98,6 +106,13 @@ PREFILL = [
                          "hq{hq}_hk{hk}_d{head_dim}_bs{block_size}_len{max_len}".format(**x))
 def test_prefill_matches_reference(registry, impl, params, dtype, seed):
     run_case(registry, "paged_attention_prefill", impl, params, dtype, seed)
+
+
+def test_prefill_g_tile():
+    assert kmod.prefill_g_tile(4, 128) == 4  # the whole group: 32 queries x 4 heads
+    assert kmod.prefill_g_tile(8, 64) == 4  # keep >= 16 queries per tile: the group over two programs
+    assert kmod.prefill_g_tile(1, 128) == 1 and kmod.prefill_g_tile(4, 16) == 1
+    assert kmod.prefill_g_tile(4, 128, 1) == 1 and kmod.prefill_g_tile(4, 32, 8) == 4
 
 
 @pytest.mark.parametrize("op_name,impl,params", [
@@ -168,7 +183,7 @@ def test_prefill_poisoned_cache_empty_sequences_strided_q(dtype, seed):
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
     args = (q, kc, vc, table, cu, torch.tensor(lens, dtype=torch.int32, device=DEVICE), d ** -0.5)
     assert kmod.make_supports(DEVICE, CAPABILITY)[1](*args) is True
-    for cfg in (None, {"BLOCK_M": 16, "BLOCK_N": 16}):
+    for cfg in (None, {"BLOCK_M": 16, "BLOCK_N": 16}, {"BLOCK_M": 32, "BLOCK_N": 16, "G_TILE": 3}):
         _check(paged_attention_prefill, functools.partial(kmod.paged_prefill, config=cfg), args)
 
 
