@@ -14,7 +14,10 @@ reference first (relative error); a wrong kernel raises instead of being timed.
 sweep of block configurations (the best per shape and M, goal "info: tuning"), so one run is enough to retune the
 defaults (GEMV_MAX_M, GEMV_*/DOT_* in the kernel modules).
 
-    python benchmarks/gpu/quant.py            # table; --json out.json to save; --no-tune to skip the sweep
+    python benchmarks/gpu/quant.py            # default rows only (well under a minute); --json out.json to save
+    ENGINE_BENCH_SWEEP=1 python benchmarks/gpu/quant.py   # plus the sweeps (GEMV_SWEEP, DOT_SWEEP, GGUF_SWEEP)
+
+Timing: CUDA-graph replays of one call per rotating weight buffer (ENGINE_BENCH_GRAPHS=0 times eager calls).
 """
 
 from __future__ import annotations
@@ -35,6 +38,20 @@ GGUF_QTYPES = ((2, "Q4_0"), (8, "Q8_0"))
 GOAL_RATIO = 3.5
 GGUF_GOAL_FRACTION = 0.5  # of the copy bandwidth
 
+# Sweeps (ENGINE_BENCH_SWEEP=1): a tile grid at the planned split-K, then split-K alone at the default tile
+# ("splits" overrides the plan; the default rows show what the plan picks). Each config: ~40 ms of timing + compile.
+GEMV_SWEEP = ([dict(block_n=bn, block_b=bb, num_warps=wp, prefetch=pf)
+               for bn in (4, 8, 16) for bb in (128, 256) for wp in (4, 8) for pf in (True, False)]
+              + [dict(splits=sp) for sp in (1, 2, 4, 8)]
+              + [dict(block_b=128, splits=sp) for sp in (2, 4)])
+DOT_SWEEP = ([dict(block_n=bn, block_t=bt, num_warps=wp, num_stages=st)
+              for bn in (64, 128) for bt in (16, 32) for wp in (4, 8) for st in (2, 3, 4)]
+             + [dict(splits=sp) for sp in (1, 4, 8, 16, 32)]
+             + [dict(block_n=64, num_warps=4, splits=sp) for sp in (4, 8, 16)])
+GGUF_SWEEP = ([dict(block_n=bn, block_b=bb, num_warps=wp) for bn in (4, 8, 16) for bb in (64, 128, 256)
+               for wp in (4, 8)]
+              + [dict(splits=sp) for sp in (1, 2, 4, 8)] + [dict(splits=sp, num_warps=8) for sp in (2, 4)])
+
 
 def _do_bench(fn) -> float:
     import triton.testing
@@ -42,10 +59,45 @@ def _do_bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3  # ms -> us
 
 
-def _rotating(fns) -> float:
-    """Median us of calls that rotate over ``fns`` (one closure per weight buffer)."""
+def _rotating(fns, fast: bool = False) -> float:
+    """Median us per call of calls that rotate over ``fns`` (one closure per weight buffer). On CUDA the calls are
+    captured once into a CUDA graph (one call per buffer, in order) and the graph's replays are timed, so host launch
+    overhead stays out and capture safety is checked too; where capture fails, eager calls are timed instead."""
+    import triton.testing
+
+    warmup, rep = (5, 40) if fast else (25, 200)
+    for fn in fns:  # compile and allocate outside the capture
+        fn()
+    if _USE_GRAPHS and torch.cuda.is_available() and all(_on_cuda(fn) for fn in fns):
+        try:
+            torch.cuda.synchronize()
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                for fn in fns:
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for fn in fns:
+                    fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            ms = triton.testing.do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="median")
+            return ms * 1e3 / len(fns)
+        except Exception as exc:  # not capturable: say so and time eagerly
+            print(f"  [graph] capture failed ({type(exc).__name__}: {str(exc)[:100]}); timing eagerly",
+                  file=sys.stderr)
+            torch.cuda.synchronize()
     it = itertools.cycle(fns)
-    return _do_bench(lambda: next(it)())
+    return triton.testing.do_bench(lambda: next(it)(), warmup=warmup, rep=rep, return_mode="median") * 1e3
+
+
+def _on_cuda(fn) -> bool:
+    args = getattr(fn, "args", ())
+    return bool(args) and isinstance(args[0], torch.Tensor) and args[0].is_cuda
+
+
+_USE_GRAPHS = os.environ.get("ENGINE_BENCH_GRAPHS", "1") not in ("", "0")
 
 
 def _buffers(bytes_per_set: int, l2_bytes: int) -> int:
@@ -98,12 +150,16 @@ def _gguf_calls(gmod, x, raws, qtype, k, kernel, config):
     return [functools.partial(gmod.linear, x, r, qtype, k, kernel=kernel, config=config) for r in raws]
 
 
-def _tune_rows(label, shape, fns_for, configs, peer_us, nbytes):
+def _tune_rows(label, shape, fns_for, configs, peer_us, nbytes, ref=None):
     """Time ``fns_for(config)`` for each config; the fastest as one row (configs that fail to compile are skipped)."""
     best = None
     for cfg in configs:
         try:
-            us = _rotating(fns_for(cfg))
+            fns = fns_for(cfg)
+            if ref is not None:  # a wrong config is an error, not a result
+                _check(f"{label} {shape} {cfg}", fns[0](), ref, 2e-2)
+            us = _rotating(fns, fast=True)
+            print(f"  [tune] {label} {shape} {json.dumps(cfg, sort_keys=True)}: {us:.2f} us", file=sys.stderr)
         except Exception as exc:  # an out-of-resources config on this GPU, say
             print(f"  [tune] {label} {shape} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
             continue
@@ -171,16 +227,15 @@ def run(tune: bool | None = None, device: str = "cuda") -> list[dict]:
                                  f"ratio >= {GOAL_RATIO}" if is_default else "info: the other kernel",
                                  peer_us / us >= GOAL_RATIO))
             if tune:
-                if m <= 4:
-                    configs = [dict(block_n=bn, block_b=bb, num_warps=wp)
-                               for bn in (4, 8, 16) for bb in (64, 128, 256) for wp in (4, 8)]
+                if m == 1:
                     rows += _tune_rows("nvfp4_w4a16[gemv]", f"M={m} {shape_w}",
-                                       functools.partial(_nvfp4_calls, nmod, x, wq, "gemv"), configs, peer_us,
-                                       nvfp4_bytes)
-                configs = [dict(block_n=bn, block_t=bt, num_warps=wp, num_stages=st)
-                           for bn in (64, 128) for bt in (16, 32) for wp in (4, 8) for st in (2, 3, 4)]
+                                       functools.partial(_nvfp4_calls, nmod, x, wq, "gemv"), GEMV_SWEEP, peer_us,
+                                       nvfp4_bytes, ref)
+            if tune and m > 1:
+                configs = DOT_SWEEP
                 rows += _tune_rows("nvfp4_w4a16[dot]", f"M={m} {shape_w}",
-                                   functools.partial(_nvfp4_calls, nmod, x, wq, "dot"), configs, peer_us, nvfp4_bytes)
+                                   functools.partial(_nvfp4_calls, nmod, x, wq, "dot"), configs, peer_us, nvfp4_bytes,
+                                   ref)
         wq = w16 = None
 
         # GGUF at M = 1
@@ -196,8 +251,7 @@ def run(tune: bool | None = None, device: str = "cuda") -> list[dict]:
             row["met"] = row["gbps"] >= GGUF_GOAL_FRACTION * copy_gbps
             rows.append(row)
             if tune:
-                configs = [dict(block_n=bn, block_b=bb, num_warps=wp)
-                           for bn in (4, 8, 16) for bb in (64, 128, 256) for wp in (4, 8)]
+                configs = GGUF_SWEEP
                 rows += _tune_rows(f"gguf_{qname.lower()}_gemv", f"M=1 {shape_w}",
                                    functools.partial(_gguf_calls, gmod, x, raws, qtype, k, "gemv"), configs,
                                    peer_us_by_m[1], raw_bytes)
@@ -219,10 +273,11 @@ def _print_table(rows) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--no-tune", action="store_true", help="skip the block-configuration sweep")
+    ap.add_argument("--tune", action="store_true", help="add the block-configuration sweep (or ENGINE_BENCH_SWEEP=1)")
+    ap.add_argument("--no-tune", action="store_true", help="skip the sweep even with ENGINE_BENCH_SWEEP set")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
-    rows = run(tune=not args.no_tune)
+    rows = run(tune=False if args.no_tune else True if args.tune else None)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

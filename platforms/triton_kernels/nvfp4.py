@@ -49,8 +49,13 @@ DOT_BLOCK_N = 128
 DOT_BLOCK_T = 32
 DOT_WARPS = 8
 DOT_STAGES = 3
-# Programs wanted per SM before split-K stops adding splits (HOPPER.md: split K when N / BLOCK_N < 2 x SMs).
-PROGRAMS_PER_SM = 2
+GEMV_STAGES = 2
+GEMV_PREFETCH = True  # register double-buffer of the weight words and scales in the GEMV loop
+# Programs wanted per SM before split-K stops adding splits. The measured 18%-of-bandwidth numbers came from too few
+# bytes in flight: a GEMV program holds one 16 KB step (8 rows x 256 blocks x 8 bytes) and ~3 fit per SM (73 regs x
+# 256 threads), so 4096 x 14336 ran 512 programs in 1.3 waves; the dot kernel ran 32 programs (N / 128) for 132 SMs.
+PROGRAMS_PER_SM = 8  # GEMV: 4096 x 14336 at M = 1 -> 2 splits, 1024 programs
+DOT_PROGRAMS_PER_SM = 4  # dot: 4096 x 14336 -> 14 splits x 32 = 448 programs; 14336 x 4096 -> 4 x 112 = 448
 MIN_SPLIT_BLOCK_B = 32  # the smallest GEMV K step (in 16-element blocks) split-K shrinks to
 INTERPRETER_SMS = 4  # a small fake SM count under the interpreter, so the split-K path runs in CI
 
@@ -217,7 +222,7 @@ def _gemv_row(x_row, blks, bmask, v0, v1, v2, v3, v4, v5, v6, v7, s):
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, NB, stride_xm, stride_wn, stride_sn,
                  stride_om, blocks_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, PREFETCH: tl.constexpr):
     """CUDA-core GEMV for up to 4 rows of x. Tile [BLOCK_N rows, BLOCK_B blocks, 2 words]: the K blocks spread over
     the lanes (one 8-byte load per row and block), the rows stay inside each thread so each x value is loaded once and
     used for all of them; block sums are scaled once per block. Program (pid_n, pid_k) covers rows pid_n * BLOCK_N ..
@@ -236,12 +241,31 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N,
     acc1 = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
+    # register prefetch: the next step's words and scales are loaded before this step's math, so two steps of
+    # weight bytes are in flight per program (Triton's pipeliner only stages loads that feed a dot)
+    # (PREFETCH; more registers, so fewer programs per SM: the benchmark's sweep decides)
+    if PREFETCH:
+        m2n = rmask[:, None] & ((b_start + bb) < b_end)[None, :]
+        w_next = tl.load(w_rows + (b_start + bb)[None, :, None] * 2, mask=m2n[:, :, None], other=0)  # [BN, BB, 2]
+        s_next = tl.load(s_rows + (b_start + bb)[None, :], mask=m2n, other=0)
+    else:
+        w_next = tl.zeros([BLOCK_N, BLOCK_B, 2], dtype=tl.int32)
+        s_next = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.uint8)
     for b0 in range(b_start, b_end, BLOCK_B):
         blks = b0 + bb
         bmask = blks < b_end
-        m2 = rmask[:, None] & bmask[None, :]
-        w = tl.load(w_rows + blks[None, :, None] * 2, mask=m2[:, :, None], other=0)  # [BN, BB, 2] words
-        s = _scale_bits(tl.load(s_rows + blks[None, :], mask=m2, other=0).to(tl.int32)) * 1.329227995784916e36
+        if PREFETCH:
+            w = w_next
+            sb = s_next
+            nb_ = blks + BLOCK_B
+            m2n = rmask[:, None] & (nb_ < b_end)[None, :]
+            w_next = tl.load(w_rows + nb_[None, :, None] * 2, mask=m2n[:, :, None], other=0)
+            s_next = tl.load(s_rows + nb_[None, :], mask=m2n, other=0)
+        else:
+            m2 = rmask[:, None] & bmask[None, :]
+            w = tl.load(w_rows + blks[None, :, None] * 2, mask=m2[:, :, None], other=0)  # [BN, BB, 2] words
+            sb = tl.load(s_rows + blks[None, :], mask=m2, other=0)
+        s = _scale_bits(sb.to(tl.int32)) * 1.329227995784916e36
         v0, v1, v2, v3, v4, v5, v6, v7 = _decode_words(w)  # 2**120 above: s is the scale itself
         acc0 += _gemv_row(x_ptr, blks, bmask, v0, v1, v2, v3, v4, v5, v6, v7, s)
         if BLOCK_M > 1:
@@ -287,14 +311,17 @@ def _dot_step(acc, v, s, xp, xmask, DT: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, M, N, KW, stride_xm, stride_wn, stride_sn, stride_om,
-                HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_T: tl.constexpr):
+def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, KW, stride_xm, stride_wn, stride_sn,
+                stride_om, words_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
     """Tensor cores, swap AB: out^T tile [BLOCK_N, BLOCK_M] += W [BLOCK_N, K step] @ x^T [K step, BLOCK_M]. A K step
     is BLOCK_T words; it is eight dots, one per nibble position e, against the x^T rows 8t + e (the order of the terms
-    of a dot product is free, so the codes are never interleaved back into K order)."""
+    of a dot product is free, so the codes are never interleaved back into K order). Program (pid_n, pid_m, pid_k)
+    covers words pid_k * words_per_split ..; with SPLIT, fp32 partials (already times the final factor) go to
+    part_ptr [splits, M, N] and _splitk_reduce_kernel sums them."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     tt = tl.arange(0, BLOCK_T)
@@ -306,9 +333,11 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, M, N, KW, stride
     x_cols = x_ptr + ms.to(tl.int64)[None, :] * stride_xm
     DT: tl.constexpr = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0w in range(0, KW, BLOCK_T):
+    t_start = pid_k * words_per_split
+    t_end = tl.minimum(t_start + words_per_split, KW)
+    for k0w in range(t_start, t_end, BLOCK_T):
         t = k0w + tt
-        tmask = t < KW
+        tmask = t < t_end
         m2 = rmask[:, None] & tmask[None, :]
         w = tl.load(w_rows + t[None, :], mask=m2, other=0)
         # the scale itself (2**120 undoes the bits' 2**-120); the codes keep their 2**-14
@@ -325,10 +354,42 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, M, N, KW, stride
         acc = _dot_step(acc, v6, s, xp + 6, xmask, DT, INTERPRET)
         acc = _dot_step(acc, v7, s, xp + 7, xmask, DT, INTERPRET)
     res = acc * tl.math.div_rn(16384.0, tl.load(gs_ptr))  # undo the codes' 2**-14, divide by the global scale
+    omask = rmask[:, None] & mmask[None, :]
+    if SPLIT:
+        tl.store(part_ptr + (pid_k * M + ms.to(tl.int64))[None, :] * N + rows[:, None], res, mask=omask)
+    else:
+        if HAS_BIAS:
+            res += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + ms.to(tl.int64)[None, :] * stride_om + rows[:, None], res.to(out_ptr.dtype.element_ty),
+                 mask=omask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(part_ptr, bias_ptr, out_ptr, M, N, stride_om, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """out[m, n] = sum over s of part[s, m, n] (in split order: deterministic) + bias[n], in out's dtype."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
+    for sp in tl.static_range(1, SPLITS):
+        acc += tl.load(part_ptr + sp * M * N + offs, mask=mask, other=0.0)
+    rows = offs // N
+    cols = offs % N
     if HAS_BIAS:
-        res += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_ptr + ms.to(tl.int64)[None, :] * stride_om + rows[:, None], res.to(out_ptr.dtype.element_ty),
-             mask=rmask[:, None] & mmask[None, :])
+        acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+REDUCE_BLOCK = 1024
+
+
+def splitk_reduce(part: torch.Tensor, bias, out: torch.Tensor) -> torch.Tensor:
+    """One launch: out = part.sum(0) (+ bias), part [splits, M, N] fp32, out [M, N] with unit column stride."""
+    splits, m, n = part.shape
+    _splitk_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
+        part, bias if bias is not None else part, out, m, n, out.stride(0), SPLITS=splits, HAS_BIAS=bias is not None,
+        BLOCK=REDUCE_BLOCK, num_warps=4)
+    return out
 
 
 @functools.cache
@@ -352,6 +413,14 @@ def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = GEMV_BLOCK_N, block
         splits = min(want, triton.cdiv(nblocks, block_b))
     per_split = triton.cdiv(triton.cdiv(nblocks, splits), block_b) * block_b
     return block_b, triton.cdiv(nblocks, per_split), per_split
+
+
+def split_plan(programs: int, steps: int, step: int, sms: int, per_sm: int) -> tuple[int, int]:
+    """(splits, units_per_split) cutting ``steps`` K steps of ``step`` units each so that ``programs`` x splits
+    reaches ``per_sm`` x ``sms`` (never an empty split); shapes only, so it is capture-safe."""
+    want = max(1, min(triton.cdiv(per_sm * sms, programs), steps))
+    per_split = triton.cdiv(steps, want) * step
+    return triton.cdiv(steps * step, per_split), per_split
 
 
 def dot_config(m: int, dtype: torch.dtype) -> dict:
@@ -399,27 +468,33 @@ def w4a16_linear(x, w_packed, w_block_scale, w_global_scale, bias=None, *, kerne
         block_b, splits, per_split = gemv_plan(n, nb, cfg.get("sms", _sm_count(x.device)), block_n,
                                                cfg.get("block_b", GEMV_BLOCK_B))
         if "splits" in cfg:
+            block_b = min(cfg.get("block_b", GEMV_BLOCK_B), triton.next_power_of_2(nb))
             per_split = triton.cdiv(triton.cdiv(nb, cfg["splits"]), block_b) * block_b
             splits = triton.cdiv(nb, per_split)
         part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
         _gemv_kernel[(triton.cdiv(n, block_n), splits)](
             x, words, scales, gs, bias_arg, out, part, m, n, nb, x.stride(0), words.stride(0), scales.stride(0),
             out.stride(0), per_split, HAS_BIAS=has_bias, SPLIT=splits > 1, BLOCK_M=triton.next_power_of_2(m),
-            BLOCK_N=block_n, BLOCK_B=block_b, num_warps=cfg.get("num_warps", GEMV_WARPS),
-            num_stages=cfg.get("num_stages", 2))
-        if splits > 1:
-            res = part.sum(0)
-            if has_bias:
-                res += bias.float()
-            out.copy_(res)
-        return out
+            BLOCK_N=block_n, BLOCK_B=block_b, PREFETCH=cfg.get("prefetch", GEMV_PREFETCH),
+            num_warps=cfg.get("num_warps", GEMV_WARPS), num_stages=cfg.get("num_stages", GEMV_STAGES))
+        return splitk_reduce(part, bias, out) if splits > 1 else out
     dc = dot_config(m, x.dtype)
     dc.update(cfg)
-    _dot_kernel[(triton.cdiv(n, dc["block_n"]), triton.cdiv(m, dc["block_m"]))](
-        x, words, scales, gs, bias_arg, out, m, n, k // 8, x.stride(0), words.stride(0), scales.stride(0),
-        out.stride(0), HAS_BIAS=has_bias, INTERPRET=interpreting(), BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"],
-        BLOCK_T=dc["block_t"], num_warps=dc["num_warps"], num_stages=dc["num_stages"])
-    return out
+    kw = k // 8
+    programs = triton.cdiv(n, dc["block_n"]) * triton.cdiv(m, dc["block_m"])
+    splits, per_split = split_plan(programs, triton.cdiv(kw, dc["block_t"]), dc["block_t"],
+                                   cfg.get("sms", _sm_count(x.device)), DOT_PROGRAMS_PER_SM)
+    if "splits" in cfg:
+        steps = triton.cdiv(kw, dc["block_t"])
+        per_split = triton.cdiv(steps, max(1, min(cfg["splits"], steps))) * dc["block_t"]
+        splits = triton.cdiv(kw, per_split)
+    part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    _dot_kernel[(triton.cdiv(n, dc["block_n"]), triton.cdiv(m, dc["block_m"]), splits)](
+        x, words, scales, gs, bias_arg, out, part, m, n, kw, x.stride(0), words.stride(0), scales.stride(0),
+        out.stride(0), per_split, HAS_BIAS=has_bias, SPLIT=splits > 1, INTERPRET=interpreting(),
+        BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"], BLOCK_T=dc["block_t"], num_warps=dc["num_warps"],
+        num_stages=dc["num_stages"])
+    return splitk_reduce(part, bias, out) if splits > 1 else out
 
 
 def _linear_verdict(device_type, x, w_packed, w_block_scale, w_global_scale, bias):

@@ -143,7 +143,7 @@ def test_odd_storage_offset(seed):
 
 def test_gemv_plan():
     # plenty of rows: no split; few rows: split until the SMs have work, never past one block group per split
-    assert kmod.gemv_plan(4096, 448, 132)[1] == 1  # 512 programs of 8 rows: no split
+    assert kmod.gemv_plan(4096, 448, 132) == (128, 2, 256)  # 512 programs of 8 rows: 2 splits -> 1024
     assert kmod.gemv_plan(14336, 128, 132)[1] == 1
     block_b, splits, per_split = kmod.gemv_plan(576, 18, 132)  # SmolLM2: 72 programs, K = 576
     assert splits == 1 and block_b == 32  # one step of 32 blocks already covers K: nothing to split

@@ -180,9 +180,44 @@ def test_linear_strided_x_and_empty(seed):
 
 def test_gemv_plan():
     assert kmod.gemv_plan(14336, 256, 132)[1] == 1  # up/gate projections: enough rows
-    assert kmod.gemv_plan(4096, 896, 132)[1] == 1  # down projection: 512 programs of 8 rows
+    assert kmod.gemv_plan(4096, 896, 132) == (256, 2, 512)  # down projection: 512 programs of 8 rows -> 1024
     block_b, splits, per_split = kmod.gemv_plan(576, 36, 132)
     assert splits > 1 and per_split % block_b == 0 and per_split * (splits - 1) < 36 <= per_split * splits
+
+
+def test_split_plan():
+    """The dot kernel's split-K: enough programs for the SMs, whole K steps per split, no empty split."""
+    assert kmod.split_plan(32, 56, 32, 132, 4) == (14, 128)  # 4096 x 14336, BLOCK_N 128: 448 programs
+    assert kmod.split_plan(112, 16, 32, 132, 4) == (4, 128)  # 14336 x 4096
+    assert kmod.split_plan(1000, 16, 32, 132, 4) == (1, 512)
+    for programs, steps in ((1, 1), (3, 7), (5, 100), (64, 3)):
+        splits, per = kmod.split_plan(programs, steps, 16, 132, 4)
+        assert per % 16 == 0 and per * (splits - 1) < steps * 16 <= per * splits
+
+
+@pytest.mark.parametrize("splits", [None, 1, 3, 5])
+def test_dot_split_k(splits, seed):
+    """The tensor-core kernel with K split: fp32 partials summed by the reduce kernel, bias added there once."""
+    n, k = 40, 1024
+    cfg = {"block_n": 16, "block_t": 16, "num_warps": 4, "num_stages": 2}
+    if splits is not None:
+        cfg["splits"] = splits
+    for m, dtype, bias in ((5, torch.float32, True), (16, torch.bfloat16, False), (3, torch.bfloat16, True)):
+        x, w, bs, gs, b = _nvfp4_linear_inputs({"m": m, "n": n, "k": k, "bias": bias}, dtype, DEVICE, _gen(seed))
+        tol = nvfp4_linear.tolerances[dtype]
+        torch.testing.assert_close(kmod.w4a16_linear(x, w, bs, gs, b, kernel="dot", config=cfg),
+                                   _nvfp4_linear_ref(x, w, bs, gs, b), atol=tol.atol, rtol=tol.rtol)
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_gemv_prefetch_and_configs(prefetch, seed):
+    """The GEMV with and without the register prefetch, several steps per split, explicit splits."""
+    n, k = 12, 2048
+    for m, cfg in ((1, {"block_b": 16, "splits": 3}), (2, {"block_b": 32, "splits": 1}), (4, {"block_n": 4})):
+        x, w, bs, gs, b = _nvfp4_linear_inputs({"m": m, "n": n, "k": k, "bias": True}, torch.float32, DEVICE,
+                                               _gen(seed))
+        got = kmod.w4a16_linear(x, w, bs, gs, b, kernel="gemv", config=dict(cfg, prefetch=prefetch))
+        torch.testing.assert_close(got, _nvfp4_linear_ref(x, w, bs, gs, b), atol=1e-4, rtol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------------- native FP4
