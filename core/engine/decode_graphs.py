@@ -39,12 +39,24 @@ class DecodeGraphs:
         self.platform, self.model, self.kv_caches = platform, model, kv_caches
         self.buckets = batch_buckets(max_num_seqs)
         self.width = math.ceil(max_model_len / block_size)
-        dev, big = model.device, max_num_seqs
-        self.ids = torch.zeros(big, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(big, dtype=torch.int64, device=dev)
-        self.slots = torch.full((big,), -1, dtype=torch.int64, device=dev)
-        self.tables = torch.zeros((big, self.width), dtype=torch.int32, device=dev)
-        self.seq_lens = torch.ones(big, dtype=torch.int32, device=dev)
+        dev, big, w = model.device, max_num_seqs, self.width
+        # All per-step inputs live in two device buffers (int64: ids, positions, slots; int32: seq_lens, then
+        # the block tables row by row), each filled by ONE copy from a pinned host twin: a step costs two
+        # host-to-device copies, not five, and no pinned allocation.
+        self._dev64 = torch.zeros(3 * big, dtype=torch.int64, device=dev)
+        self._dev32 = torch.zeros(big * (1 + w), dtype=torch.int32, device=dev)
+        pin = dev.type != "cpu" and torch.accelerator.is_available()
+        self._host64 = torch.zeros(3 * big, dtype=torch.int64, pin_memory=pin)
+        self._host32 = torch.zeros(big * (1 + w), dtype=torch.int32, pin_memory=pin)
+        self._h64, self._h32 = self._host64.numpy(), self._host32.numpy()
+        self._h32[:big] = 1  # padding rows attend to one token
+        self._h64[2 * big:] = -1  # and write nothing
+        self._dev64.copy_(self._host64)
+        self._dev32.copy_(self._host32)
+        self.ids, self.positions, self.slots = self._dev64.view(3, big)
+        self.seq_lens = self._dev32[:big]
+        self.tables = self._dev32[big:].view(big, w)
+        self.big = big
         self.cu = torch.arange(big + 1, dtype=torch.int32, device=dev)
         self.rows = torch.arange(big, dtype=torch.int64, device=dev)
         self.graphs: dict[int, tuple] = {}  # bucket -> (replay, logits)
@@ -78,19 +90,23 @@ class DecodeGraphs:
             return None
         return next((b for b in self.buckets if b >= n and b in self.graphs), None)
 
-    def run(self, b: int, ids, positions, slots, tables, seq_lens, upload) -> torch.Tensor:
-        """Replay bucket ``b`` on the n <= b sequences given (host lists; ``upload(list, dtype)`` makes device
-        tensors); returns their logits [n, vocab] (a view of the graph's output, valid until the next replay)."""
-        n = len(ids)
-        self.ids[:n].copy_(upload(ids, torch.int64), non_blocking=True)
-        self.positions[:n].copy_(upload(positions, torch.int64), non_blocking=True)
-        self.slots[:n].copy_(upload(slots, torch.int64), non_blocking=True)
-        self.seq_lens[:n].copy_(upload(seq_lens, torch.int32), non_blocking=True)
-        w = len(tables[0])
-        self.tables[:n, :w].copy_(upload(tables, torch.int32), non_blocking=True)
-        if n < b:  # padding rows: write nothing, attend to one token
-            self.slots[n:b].fill_(-1)
-            self.seq_lens[n:b].fill_(1)
+    def run(self, b: int, ids, positions, slots, tables, seq_lens) -> torch.Tensor:
+        """Replay bucket ``b`` on the n <= b sequences given (host lists); returns their logits [n, vocab] (a view
+        of the graph's output, valid until the next replay)."""
+        n, big, w = len(ids), self.big, self.width
+        h64, h32 = self._h64, self._h32
+        # The previous step's copies have completed: its sampled tokens were read back before this step began.
+        h64[:n] = ids
+        h64[big:big + n] = positions
+        h64[2 * big:2 * big + n] = slots
+        h64[2 * big + n:2 * big + b] = -1  # padding rows write nothing
+        h32[:n] = seq_lens
+        h32[n:b] = 1
+        rows = h32[big:big + b * w].reshape(b, w)
+        for i, t in enumerate(tables):
+            rows[i, :len(t)] = t
+        self._dev64.copy_(self._host64, non_blocking=True)
+        self._dev32[:big + b * w].copy_(self._host32[:big + b * w], non_blocking=True)
         replay, logits = self.graphs[b]
         replay()
         return logits[:n]

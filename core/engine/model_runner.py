@@ -26,9 +26,10 @@ class ModelRunner:
         self.kv_caches = [(torch.empty(shape, dtype=model.dtype, device=model.device),
                            torch.empty(shape, dtype=model.dtype, device=model.device)) for _ in range(cfg.num_layers)]
 
-    def _host_batch(self, scheduled: list[tuple[Sequence, int]]):
+    def _host_batch(self, scheduled: list[tuple[Sequence, int]], pad_tables: bool = True):
         """The step's flat batch as host lists: ids, positions, slots, cu_seqlens, seq_lens, block tables (padded
-        to one width), logits rows, and the sequences whose next token is sampled."""
+        to one width unless ``pad_tables`` is False), logits rows, and the sequences whose next token is
+        sampled."""
         bs = self.block_size
         ids, positions, slots, cu, seq_lens, sampled, logits_rows = [], [], [], [0], [], [], []
         for seq, n in scheduled:
@@ -44,8 +45,11 @@ class ModelRunner:
             if start + n == len(seq):  # the chunk reaches the end: its last row predicts the next token
                 sampled.append(seq)
                 logits_rows.append(cu[-1] - 1)
-        width = max(len(s.block_table) for s, _ in scheduled)
-        tables = [s.block_table + [0] * (width - len(s.block_table)) for s, _ in scheduled]
+        if pad_tables:
+            width = max(len(s.block_table) for s, _ in scheduled)
+            tables = [s.block_table + [0] * (width - len(s.block_table)) for s, _ in scheduled]
+        else:
+            tables = [s.block_table for s, _ in scheduled]
         return ids, positions, slots, cu, seq_lens, tables, logits_rows, sampled
 
     def build_batch(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, ForwardBatch, list[Sequence]]:
@@ -85,8 +89,8 @@ class ModelRunner:
         if self.graphs is not None and all(n == 1 for _, n in scheduled):
             bucket = self.graphs.bucket_for(len(scheduled))
         if bucket is not None:
-            ids, positions, slots, _, seq_lens, tables, _, sampled = self._host_batch(scheduled)
-            return self.graphs.run(bucket, ids, positions, slots, tables, seq_lens, self._upload), sampled
+            ids, positions, slots, _, seq_lens, tables, _, sampled = self._host_batch(scheduled, pad_tables=False)
+            return self.graphs.run(bucket, ids, positions, slots, tables, seq_lens), sampled
         ids, batch, sampled = self.build_batch(scheduled)
         hidden = self.model.forward(ids, batch, self.kv_caches)
         if not sampled:
