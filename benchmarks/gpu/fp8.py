@@ -23,11 +23,11 @@ GOAL = 0.8  # the Triton block-scaled GEMM vs _scaled_mm per-tensor at the large
 SIZES = (4096, 8192)
 DECODE_M = 16
 SWEEP_ON = os.environ.get("ENGINE_BENCH_SWEEP", "") not in ("", "0")  # the tile/variant sweep is opt-in
+# PREFETCH with DEFER is refused: it computed wrong products on the H200 (fp8_linear.py says more).
 _C = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M, variant flags): BLOCK_K is 128 (one scale block per step)
-    (64, 128, 4, 4, 8, ""), (64, 128, 4, 4, 8, "P"), (64, 128, 4, 4, 8, "D"), (64, 128, 4, 4, 8, "PD"),
-    (64, 128, 4, 3, 8, "PD"), (64, 128, 4, 4, 8, "TPD"), (64, 128, 4, 4, 8, "T"), (64, 128, 4, 5, 8, "TPD"),
-    (128, 128, 8, 3, 8, ""), (128, 128, 8, 3, 8, "PD"), (128, 128, 8, 4, 8, "PD"), (128, 128, 8, 3, 8, "TPD"),
-    (128, 128, 8, 4, 8, "TPD"),
+    (64, 128, 4, 4, 8, ""), (64, 128, 4, 4, 8, "P"), (64, 128, 4, 4, 8, "D"), (64, 128, 4, 4, 8, "TP"),
+    (64, 128, 4, 4, 8, "TD"), (64, 128, 4, 3, 8, "T"), (64, 128, 4, 5, 8, "T"), (128, 128, 8, 3, 8, ""),
+    (128, 128, 8, 3, 8, "T"), (128, 128, 8, 4, 8, "T"), (128, 64, 4, 4, 8, "T"),
 ]
 _FLAGS = {"P": "PREFETCH", "D": "DEFER", "T": "TMA"}  # fp8_linear.py _fp8_gemm_kernel: scales a step ahead /
 # step k scaled beside step k+1's wgmma / tiles through tensor descriptors (the bulk tensor copy engine)

@@ -96,9 +96,9 @@ def test_gemm_block_scale_paths(config, gen):
     _check_linear(args, torch.float32, fl.triton_fp8_linear(*args, torch.float32, config=config))
 
 
-@pytest.mark.parametrize("variant", [dict(PREFETCH=True), dict(DEFER=True), dict(PREFETCH=True, DEFER=True),
-                                     dict(TMA=True, PREFETCH=True, DEFER=True), dict(TMA=True)],
-                         ids=["prefetch", "defer", "prefetch_defer", "tma_prefetch_defer", "tma"])
+@pytest.mark.parametrize("variant", [dict(PREFETCH=True), dict(DEFER=True), dict(TMA=True, PREFETCH=True),
+                                     dict(TMA=True, DEFER=True), dict(TMA=True)],
+                         ids=["prefetch", "defer", "tma_prefetch", "tma_defer", "tma"])
 @pytest.mark.parametrize("xg,wg", [("block", "block"), ("tensor", "block"), ("block", "row")])
 def test_gemm_block_scale_variants(variant, xg, wg, gen):
     """The block-scale loop variants the benchmark sweeps: same function, off-tile M / N / K (K = 400: a partial
@@ -109,10 +109,17 @@ def test_gemm_block_scale_variants(variant, xg, wg, gen):
         _check_linear(args, torch.float32, fl.triton_fp8_linear(*args, torch.float32, config=cfg))
 
 
-def test_gemm_default_block_config_defers():
+def test_gemm_default_block_config_uses_tma():
     cfg = fl.gemm_config(4096, 4096, 4096, True)
     if not fl.interpreting():
-        assert cfg["DEFER"] and cfg["PREFETCH"] and cfg["BLOCK_N"] == 128 and cfg["BLOCK_K"] == 128
+        assert cfg["TMA"] and cfg["BLOCK_N"] == 128 and cfg["BLOCK_K"] == 128
+
+
+def test_prefetch_with_defer_is_refused(gen):
+    args = _operands(37, 200, 400, "block", "block", gen=gen)
+    cfg = dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, GROUP_M=2, num_warps=4, num_stages=1, PREFETCH=True, DEFER=True)
+    with pytest.raises(ValueError, match="PREFETCH and DEFER"):
+        fl.triton_fp8_linear(*args, torch.float32, config=cfg)
 
 
 def test_gemm_empty_and_k_zero(gen):
