@@ -12,6 +12,7 @@ implementations whose ``supports`` accepts only tensors on ``device_type`` (``"c
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 
@@ -32,6 +33,23 @@ KERNEL_MODULES = {
 def interpreting() -> bool:
     """True under the Triton interpreter (``TRITON_INTERPRET=1``): kernels run on CPU tensors, slowly."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def sm_count(device, interpreter_sms: int) -> int:
+    """Multiprocessors of ``device`` (what grids are sized by); ``interpreter_sms`` stands in off a GPU, under the
+    interpreter, where a module picks a count that makes its multi-program paths run in CI."""
+    import torch
+
+    if device.type == "cuda" and torch.cuda.is_available():
+        return _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+    return interpreter_sms
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def register(registry, device_type: str, capability: tuple[int, int] | None = None) -> None:

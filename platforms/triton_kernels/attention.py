@@ -40,7 +40,6 @@ as they are; fp32 inputs use ``input_precision="ieee"`` (tf32 would miss the fp3
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -49,7 +48,7 @@ import triton.language as tl
 
 from engine.core.ops.attention import paged_attention_decode, paged_attention_prefill
 
-from . import interpreting
+from . import interpreting, sm_count
 
 PRIORITY = 10
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -321,13 +320,6 @@ def _pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return _INTERPRETER_SMS
-
-
 def _dot_options(dtype: torch.dtype) -> tuple[bool, str]:
     """(upcast tiles to fp32, tl.dot input_precision)."""
     upcast = interpreting()
@@ -409,7 +401,8 @@ def paged_decode(q, key_cache, value_cache, block_tables, seq_lens, scale, *, pa
     block_n = cfg["BLOCK_N"]
     g_chunks = _cdiv(group, cfg["BLOCK_G"])
     if partition_tokens is None:
-        parts, part_tokens = decode_partitions(b, hk * g_chunks, max_ctx, block_n, _sm_count(q.device))
+        sms = sm_count(q.device, _INTERPRETER_SMS)
+        parts, part_tokens = decode_partitions(b, hk * g_chunks, max_ctx, block_n, sms)
     else:
         part_tokens = _cdiv(partition_tokens, block_n) * block_n
         parts = max(1, _cdiv(max_ctx, part_tokens))

@@ -50,7 +50,7 @@ from engine.core.ops.fp8 import fp8_max
 from engine.core.ops.moe import fused_moe
 from engine.core.ops.moe_fp8 import fused_moe_fp8
 
-from . import interpreting
+from . import interpreting, sm_count
 
 PRIORITY = 10
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -373,13 +373,6 @@ def moe_config(tokens: int, experts: int, top_k: int, hidden: int, inter: int, d
     return MoeConfig(128, g, g)
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return _INTERPRETER_SMS
-
-
 def _split_k(cfg: MoeConfig, pairs: int, experts: int, hidden: int, inter: int, device) -> int:
     """Split the second GEMM's K (= I) when its tiles alone would not fill about two waves of the SMs."""
     if cfg.split_k is not None:
@@ -388,7 +381,7 @@ def _split_k(cfg: MoeConfig, pairs: int, experts: int, hidden: int, inter: int, 
     programs = blocks * triton.cdiv(hidden, cfg.gemm2.BLOCK_N)
     k_tiles = triton.cdiv(inter, cfg.gemm2.BLOCK_K)
     split = 1
-    while split < 8 and programs * split < 2 * _sm_count(device) and k_tiles // (2 * split) >= 8:
+    while split < 8 and programs * split < 2 * sm_count(device, _INTERPRETER_SMS) and k_tiles // (2 * split) >= 8:
         split *= 2
     return split
 

@@ -20,14 +20,12 @@ reads the rows as 16-bit words (a block is 9, 10 or 17 of them), the scale being
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from engine.core.ops.gguf_quant import BLOCK, GGUF_QTYPES, Q4_0, Q4_1, Q8_0, gguf_dequantize, gguf_linear
-from engine.platforms.triton_kernels import interpreting
+from engine.platforms.triton_kernels import interpreting, sm_count
 from engine.platforms.triton_kernels.nvfp4 import splitk_reduce
 
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -287,13 +285,6 @@ def _dot_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, stride_xm, stride_wn, stride_om
              mask=rmask[:, None] & mmask[None, :])
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return INTERPRETER_SMS
-
-
 def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = None, block_b: int = None):
     """(block_b, splits, blocks_per_split) for the GEMV. K is split only while the N programs alone leave SMs idle
     (fewer than PROGRAMS_PER_SM per SM), and then the K step shrinks (not below MIN_SPLIT_BLOCK_B) to make pieces."""
@@ -350,7 +341,7 @@ def linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int, *, kernel:
             raw = raw.clone()
         words = raw.view(torch.int16)
         block_n = cfg.get("block_n", gemv_block_n(m))
-        block_b, splits, per_split = gemv_plan(n, nb, cfg.get("sms", _sm_count(x.device)), block_n,
+        block_b, splits, per_split = gemv_plan(n, nb, cfg.get("sms", sm_count(x.device, INTERPRETER_SMS)), block_n,
                                                cfg.get("block_b", GEMV_BLOCK_B))
         if "splits" in cfg:
             block_b = min(cfg.get("block_b", GEMV_BLOCK_B), triton.next_power_of_2(nb))

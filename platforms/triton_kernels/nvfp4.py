@@ -21,7 +21,6 @@ handful of tokens pads to 16 columns rather than 64 rows).
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import torch
@@ -29,7 +28,7 @@ import triton
 import triton.language as tl
 
 from engine.core.ops.nvfp4 import BLOCK, nvfp4_linear, nvfp4_linear_w4a4, nvfp4_quantize
-from engine.platforms.triton_kernels import interpreting
+from engine.platforms.triton_kernels import interpreting, sm_count
 
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -392,13 +391,6 @@ def splitk_reduce(part: torch.Tensor, bias, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return INTERPRETER_SMS
-
-
 def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = GEMV_BLOCK_N, block_b: int = GEMV_BLOCK_B):
     """(block_b, splits, blocks_per_split) for the GEMV. K is split only while the N programs alone leave SMs idle
     (fewer than PROGRAMS_PER_SM per SM), and then the K step shrinks (not below MIN_SPLIT_BLOCK_B) to make pieces."""
@@ -465,7 +457,7 @@ def w4a16_linear(x, w_packed, w_block_scale, w_global_scale, bias=None, *, kerne
         if m > 4:
             raise ValueError(f"the GEMV kernel takes at most 4 rows of x, got {m}")
         block_n = cfg.get("block_n", GEMV_BLOCK_N)
-        block_b, splits, per_split = gemv_plan(n, nb, cfg.get("sms", _sm_count(x.device)), block_n,
+        block_b, splits, per_split = gemv_plan(n, nb, cfg.get("sms", sm_count(x.device, INTERPRETER_SMS)), block_n,
                                                cfg.get("block_b", GEMV_BLOCK_B))
         if "splits" in cfg:
             block_b = min(cfg.get("block_b", GEMV_BLOCK_B), triton.next_power_of_2(nb))
@@ -483,7 +475,7 @@ def w4a16_linear(x, w_packed, w_block_scale, w_global_scale, bias=None, *, kerne
     kw = k // 8
     programs = triton.cdiv(n, dc["block_n"]) * triton.cdiv(m, dc["block_m"])
     splits, per_split = split_plan(programs, triton.cdiv(kw, dc["block_t"]), dc["block_t"],
-                                   cfg.get("sms", _sm_count(x.device)), DOT_PROGRAMS_PER_SM)
+                                   cfg.get("sms", sm_count(x.device, INTERPRETER_SMS)), DOT_PROGRAMS_PER_SM)
     if "splits" in cfg:
         steps = triton.cdiv(kw, dc["block_t"])
         per_split = triton.cdiv(steps, max(1, min(cfg["splits"], steps))) * dc["block_t"]

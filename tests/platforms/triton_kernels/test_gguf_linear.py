@@ -120,7 +120,7 @@ def test_both_kernels_at_one_shape(qtype, seed):
 def test_gemv_split_k(qtype, seed):
     """Few rows of W and a long K: the GEMV splits K and sums fp32 partials; 1 to 4 rows of x."""
     n, k = 7, 2048
-    _, splits, _ = kmod.gemv_plan(n, k // 32, kmod._sm_count(torch.device(DEVICE)))
+    _, splits, _ = kmod.gemv_plan(n, k // 32, kmod.sm_count(torch.device(DEVICE), kmod.INTERPRETER_SMS))
     assert splits > 1
     for m, dtype in ((1, torch.float32), (2, torch.bfloat16), (3, torch.float32), (4, torch.bfloat16)):
         x, raw, q, _ = _linear_inputs({"qtype": qtype, "m": m, "n": n, "k": k}, dtype, DEVICE, _gen(seed))

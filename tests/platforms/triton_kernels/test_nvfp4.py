@@ -147,7 +147,7 @@ def test_both_kernels_all_codes_and_scales(kernel, seed):
 def test_gemv_split_k(seed):
     """Few rows of W and a long K: the GEMV splits K and sums fp32 partials (then adds the bias)."""
     n, k = 7, 2048
-    _, splits, _ = kmod.gemv_plan(n, k // 16, kmod._sm_count(torch.device(DEVICE)))
+    _, splits, _ = kmod.gemv_plan(n, k // 16, kmod.sm_count(torch.device(DEVICE), kmod.INTERPRETER_SMS))
     assert splits > 1
     for m, dtype, bias in ((1, torch.float32, True), (2, torch.bfloat16, False), (3, torch.float32, True)):
         x, w, bs, gs, b = _nvfp4_linear_inputs({"m": m, "n": n, "k": k, "bias": bias}, dtype, DEVICE, _gen(seed))
