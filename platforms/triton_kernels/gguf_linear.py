@@ -26,6 +26,7 @@ import triton.language as tl
 
 from engine.core.ops.gguf_quant import BLOCK, GGUF_QTYPES, Q4_0, Q4_1, Q8_0, gguf_dequantize, gguf_linear
 from engine.platforms.triton_kernels import interpreting, sm_count
+from engine.platforms.triton_kernels.nvfp4 import gemv_plan as nvfp4_gemv_plan
 from engine.platforms.triton_kernels.nvfp4 import splitk_reduce
 
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -286,20 +287,9 @@ def _dot_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, stride_xm, stride_wn, stride_om
 
 
 def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = None, block_b: int = None):
-    """(block_b, splits, blocks_per_split) for the GEMV. K is split only while the N programs alone leave SMs idle
-    (fewer than PROGRAMS_PER_SM per SM), and then the K step shrinks (not below MIN_SPLIT_BLOCK_B) to make pieces."""
-    block_n = block_n or GEMV_BLOCK_N
-    block_b = min(block_b or GEMV_BLOCK_B, triton.next_power_of_2(nblocks))
-    programs = triton.cdiv(n, block_n)
-    target = PROGRAMS_PER_SM * sms
-    splits = 1
-    if programs < target:
-        want = triton.cdiv(target, programs)
-        block_b = max(min(block_b, triton.next_power_of_2(triton.cdiv(nblocks, want))),
-                      min(block_b, MIN_SPLIT_BLOCK_B))
-        splits = min(want, triton.cdiv(nblocks, block_b))
-    per_split = triton.cdiv(triton.cdiv(nblocks, splits), block_b) * block_b
-    return block_b, triton.cdiv(nblocks, per_split), per_split
+    """(block_b, splits, blocks_per_split) for the GGUF GEMV: the NVFP4 GEMV's plan with this module's tiles."""
+    return nvfp4_gemv_plan(n, nblocks, sms, block_n or GEMV_BLOCK_N, block_b or GEMV_BLOCK_B, PROGRAMS_PER_SM,
+                           MIN_SPLIT_BLOCK_B)
 
 
 def gemv_block_n(m: int) -> int:

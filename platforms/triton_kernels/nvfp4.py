@@ -391,17 +391,19 @@ def splitk_reduce(part: torch.Tensor, bias, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = GEMV_BLOCK_N, block_b: int = GEMV_BLOCK_B):
-    """(block_b, splits, blocks_per_split) for the GEMV. K is split only while the N programs alone leave SMs idle
-    (fewer than PROGRAMS_PER_SM per SM), and then the K step shrinks (not below MIN_SPLIT_BLOCK_B) to make pieces."""
+def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = GEMV_BLOCK_N, block_b: int = GEMV_BLOCK_B,
+              programs_per_sm: int = PROGRAMS_PER_SM, min_split_block_b: int = MIN_SPLIT_BLOCK_B):
+    """(block_b, splits, blocks_per_split) for a GEMV over ``nblocks`` K blocks (the GGUF GEMV shares it). K is split
+    only while the N programs alone leave SMs idle (fewer than ``programs_per_sm`` per SM), and then the K step
+    shrinks (not below ``min_split_block_b``) to make pieces."""
     block_b = min(block_b, triton.next_power_of_2(nblocks))
     programs = triton.cdiv(n, block_n)
-    target = PROGRAMS_PER_SM * sms
+    target = programs_per_sm * sms
     splits = 1
     if programs < target:
         want = triton.cdiv(target, programs)
         block_b = max(min(block_b, triton.next_power_of_2(triton.cdiv(nblocks, want))),
-                      min(block_b, MIN_SPLIT_BLOCK_B))
+                      min(block_b, min_split_block_b))
         splits = min(want, triton.cdiv(nblocks, block_b))
     per_split = triton.cdiv(triton.cdiv(nblocks, splits), block_b) * block_b
     return block_b, triton.cdiv(nblocks, per_split), per_split
