@@ -36,8 +36,10 @@ PRIORITY = 10
 # tensor-core kernel. sm_90 SASS of the GEMV loop at M = 1 (read on a CPU host, not timed): ~5.9 instructions per
 # weight value for Q4_0, ~6.6 for Q8_0, ~7.3 for Q4_1.
 GEMV_MAX_M = 2
-GEMV_BLOCK_N = 8  # rows of W per GEMV program
-GEMV_BLOCK_B = 128  # GGUF blocks (of 32 values) per GEMV loop step: one per lane
+# GEMV tile at M = 1 (H200 sweep, 2026-12-01, 4096x14336: 8 x 128 took 45 / 89 us for Q4_0 / Q8_0, 2 x 64 takes
+# 32 / 46 us): rows of W per program, GGUF blocks (of 32 values) per loop step.
+GEMV_BLOCK_N = 2
+GEMV_BLOCK_B = 64
 GEMV_WARPS = 4
 MIN_SPLIT_BLOCK_B = 32  # the smallest K step split-K shrinks to
 DOT_BLOCK_N = 128

@@ -36,20 +36,23 @@ PRIORITY = 10  # above the reference; the native Blackwell path registers above 
 NATIVE_PRIORITY = PRIORITY + 10
 
 # Rows of x up to which the CUDA-core GEMV runs. Its cost grows with every row (an FMA and an x conversion per weight
-# value per row: ~6 instructions per weight value at M = 1, ~8.5 at M = 2 in the sm_90 SASS), the tensor-core
-# kernel's does not (~7 for any M <= 16). The benchmark times both at M = 1; retune here from its numbers.
-GEMV_MAX_M = 1
-# GEMV tile: rows of W per program, 16-element blocks per loop step (BLOCK_B * 8 bytes of each row), warps.
-GEMV_BLOCK_N = 8
-GEMV_BLOCK_B = 256
-GEMV_WARPS = 8
-# Tensor-core tile: rows of W per program, words (8 values) per K step, warps, software-pipelining stages.
-DOT_BLOCK_N = 128
-DOT_BLOCK_T = 32
-DOT_WARPS = 8
+# value per row), the tensor-core kernel's does not. H200, 2026-12-01 (4096x14336 / 14336x4096, bf16): GEMV 24.7 /
+# 23.4 us at M = 1, 37.9 / 37.2 at M = 2, 83 / 76 at M = 4; tensor cores 57 / 60 us for any M <= 16.
+GEMV_MAX_M = 2
+# GEMV tile: rows of W per program, 16-element blocks per loop step (BLOCK_B * 8 bytes of each row), warps. The same
+# sweep: 4 rows x 128 blocks x 4 warps beat the former 8 x 256 x 8 with prefetch (38 us) by 1.55x at M = 1.
+GEMV_BLOCK_N = 4
+GEMV_BLOCK_B = 128
+GEMV_WARPS = 4
+# Tensor-core tile for M <= 16: rows of W per program, words (8 values) per K step, warps, pipelining stages, and
+# K order (the decoded planes interleaved for one long dot: 100 -> 57 us). Larger M keeps the earlier tile.
+DOT_BLOCK_N = 64
+DOT_BLOCK_T = 16
+DOT_WARPS = 4
 DOT_STAGES = 3
+DOT_KORDER = True
 GEMV_STAGES = 2
-GEMV_PREFETCH = True  # register double-buffer of the weight words and scales in the GEMV loop
+GEMV_PREFETCH = False  # register double-buffer of the weight words and scales (slower in the sweep: more registers)
 # Programs wanted per SM before split-K stops adding splits. The measured 18%-of-bandwidth numbers came from too few
 # bytes in flight: a GEMV program holds one 16 KB step (8 rows x 256 blocks x 8 bytes) and ~3 fit per SM (73 regs x
 # 256 threads), so 4096 x 14336 ran 512 programs in 1.3 waves; the dot kernel ran 32 programs (N / 128) for 132 SMs.
@@ -310,9 +313,20 @@ def _dot_step(acc, v, s, xp, xmask, DT: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _k_order(v0, v1, v2, v3, v4, v5, v6, v7):
+    """Eight [BN, T] planes (plane e holds elements 8t + e) as one [BN, 8T] tile in element order."""
+    BN: tl.constexpr = v0.shape[0]
+    T: tl.constexpr = v0.shape[1]
+    q0 = tl.join(tl.join(v0, v1), tl.join(v2, v3))  # [BN, T, e0, e1]
+    q1 = tl.join(tl.join(v4, v5), tl.join(v6, v7))
+    r = tl.permute(tl.join(q0, q1), (0, 1, 4, 3, 2))  # [BN, T, e2, e1, e0]
+    return tl.reshape(r, [BN, 8 * T])
+
+
+@triton.jit
 def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, KW, stride_xm, stride_wn, stride_sn,
                 stride_om, words_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, KORDER: tl.constexpr):
     """Tensor cores, swap AB: out^T tile [BLOCK_N, BLOCK_M] += W [BLOCK_N, K step] @ x^T [K step, BLOCK_M]. A K step
     is BLOCK_T words; it is eight dots, one per nibble position e, against the x^T rows 8t + e (the order of the terms
     of a dot product is free, so the codes are never interleaved back into K order). Program (pid_n, pid_m, pid_k)
@@ -342,16 +356,24 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
         # the scale itself (2**120 undoes the bits' 2**-120); the codes keep their 2**-14
         s = _scale_bits(tl.load(s_rows + (t // 2)[None, :], mask=m2, other=0).to(tl.int32)) * 1.329227995784916e36
         v0, v1, v2, v3, v4, v5, v6, v7 = _decode_words(w)
-        xp = x_cols + (t * 8)[:, None]
-        xmask = tmask[:, None] & mmask[None, :]
-        acc = _dot_step(acc, v0, s, xp, xmask, DT, INTERPRET)
-        acc = _dot_step(acc, v1, s, xp + 1, xmask, DT, INTERPRET)
-        acc = _dot_step(acc, v2, s, xp + 2, xmask, DT, INTERPRET)
-        acc = _dot_step(acc, v3, s, xp + 3, xmask, DT, INTERPRET)
-        acc = _dot_step(acc, v4, s, xp + 4, xmask, DT, INTERPRET)
-        acc = _dot_step(acc, v5, s, xp + 5, xmask, DT, INTERPRET)
-        acc = _dot_step(acc, v6, s, xp + 6, xmask, DT, INTERPRET)
-        acc = _dot_step(acc, v7, s, xp + 7, xmask, DT, INTERPRET)
+        if KORDER:
+            # the eight nibble planes interleaved back into K order: one K = 8 * BLOCK_T dot against x^T read
+            # contiguously (the plane-wise dots read x^T at a stride of 8 elements, 2 useful bytes per sector)
+            kk = k0w * 8 + tl.arange(0, 8 * BLOCK_T)
+            xmask = (kk < t_end * 8)[:, None] & mmask[None, :]
+            acc = _dot_step(acc, _k_order(v0, v1, v2, v3, v4, v5, v6, v7), _k_order(s, s, s, s, s, s, s, s),
+                            x_cols + kk[:, None], xmask, DT, INTERPRET)
+        else:
+            xp = x_cols + (t * 8)[:, None]
+            xmask = tmask[:, None] & mmask[None, :]
+            acc = _dot_step(acc, v0, s, xp, xmask, DT, INTERPRET)
+            acc = _dot_step(acc, v1, s, xp + 1, xmask, DT, INTERPRET)
+            acc = _dot_step(acc, v2, s, xp + 2, xmask, DT, INTERPRET)
+            acc = _dot_step(acc, v3, s, xp + 3, xmask, DT, INTERPRET)
+            acc = _dot_step(acc, v4, s, xp + 4, xmask, DT, INTERPRET)
+            acc = _dot_step(acc, v5, s, xp + 5, xmask, DT, INTERPRET)
+            acc = _dot_step(acc, v6, s, xp + 6, xmask, DT, INTERPRET)
+            acc = _dot_step(acc, v7, s, xp + 7, xmask, DT, INTERPRET)
     res = acc * tl.math.div_rn(16384.0, tl.load(gs_ptr))  # undo the codes' 2**-14, divide by the global scale
     omask = rmask[:, None] & mmask[None, :]
     if SPLIT:
@@ -421,9 +443,12 @@ def dot_config(m: int, dtype: torch.dtype) -> dict:
     """Tensor-core tile for M rows of x (fp32 x, an IEEE fp32 dot, takes a smaller tile: the big one spills)."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
     if dtype == torch.float32:
-        return dict(block_m=min(block_m, 64), block_n=64, block_t=16, num_warps=8, num_stages=2)
-    return dict(block_m=block_m, block_n=DOT_BLOCK_N, block_t=16 if block_m == 128 else DOT_BLOCK_T,
-                num_warps=DOT_WARPS, num_stages=DOT_STAGES)
+        return dict(block_m=min(block_m, 64), block_n=64, block_t=16, num_warps=8, num_stages=2, korder=False)
+    if block_m == 16:
+        return dict(block_m=16, block_n=DOT_BLOCK_N, block_t=DOT_BLOCK_T, num_warps=DOT_WARPS, num_stages=DOT_STAGES,
+                    korder=DOT_KORDER)
+    return dict(block_m=block_m, block_n=128, block_t=16 if block_m == 128 else 32, num_warps=8, num_stages=3,
+                korder=False)
 
 
 def _words(w_packed: torch.Tensor) -> torch.Tensor:
@@ -486,8 +511,8 @@ def w4a16_linear(x, w_packed, w_block_scale, w_global_scale, bias=None, *, kerne
     _dot_kernel[(triton.cdiv(n, dc["block_n"]), triton.cdiv(m, dc["block_m"]), splits)](
         x, words, scales, gs, bias_arg, out, part, m, n, kw, x.stride(0), words.stride(0), scales.stride(0),
         out.stride(0), per_split, HAS_BIAS=has_bias, SPLIT=splits > 1, INTERPRET=interpreting(),
-        BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"], BLOCK_T=dc["block_t"], num_warps=dc["num_warps"],
-        num_stages=dc["num_stages"])
+        BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"], BLOCK_T=dc["block_t"], KORDER=dc["korder"],
+        num_warps=dc["num_warps"], num_stages=dc["num_stages"])
     return splitk_reduce(part, bias, out) if splits > 1 else out
 
 

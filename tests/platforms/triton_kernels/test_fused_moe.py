@@ -117,6 +117,8 @@ def test_zero_tokens():
 @pytest.mark.parametrize("dtype", FP8.dtypes, ids=str)
 @pytest.mark.parametrize("case", FP8.cases, ids=lambda c: c.name)
 def test_fused_moe_fp8_op_cases(registry, case, dtype, seed):
+    if fp8_ops.FP8_DTYPES[case.params["fp8"]] not in _fp8_formats():
+        pytest.skip(f"float8_{case.params['fp8']} is not this device's flavour")
     run_case(registry, "fused_moe_fp8", "triton_fused_moe_fp8", case.params, dtype, seed)
 
 
@@ -149,7 +151,8 @@ def test_fp8_matches_reference_quantization_exactly(name, gen):
 def test_fp8_config_split_k(gen):
     params = _fp8(25, 32, 48, 8, 2, True)
     args = FP8.make_inputs(params, torch.bfloat16, DEVICE, gen)
-    got = fm.triton_fused_moe_fp8(*args, config=_cfg(32, 32, 16, 32, 16, group_m=2, split_k=2))
+    # an FP8 tl.dot takes K >= 32 on GPUs (16 is enough under the interpreter)
+    got = fm.triton_fused_moe_fp8(*args, config=_cfg(32, 32, 32, 32, 32, group_m=2, split_k=2))
     want = FP8.reference(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
     tol = FP8.tolerances[torch.bfloat16]
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=tol.atol, rtol=tol.rtol)

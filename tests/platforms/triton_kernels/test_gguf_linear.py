@@ -143,15 +143,16 @@ def test_odd_storage_offset(seed):
 
 def test_gemv_plan():
     # plenty of rows: no split; few rows: split until the SMs have work, never past one block group per split
-    assert kmod.gemv_plan(4096, 448, 132) == (128, 2, 256)  # 512 programs of 8 rows: 2 splits -> 1024
-    assert kmod.gemv_plan(14336, 128, 132)[1] == 1
-    block_b, splits, per_split = kmod.gemv_plan(576, 18, 132)  # SmolLM2: 72 programs, K = 576
+    assert kmod.gemv_plan(4096, 448, 132, 8, 128) == (128, 2, 256)  # 512 programs of 8 rows: 2 splits -> 1024
+    assert kmod.gemv_plan(14336, 128, 132, 8, 128)[1] == 1
+    block_b, splits, per_split = kmod.gemv_plan(576, 18, 132, 8, 128)  # SmolLM2: 72 programs, K = 576
     assert splits == 1 and block_b == 32  # one step of 32 blocks already covers K: nothing to split
-    block_b, splits, per_split = kmod.gemv_plan(576, 48, 132)  # K = 1536
+    block_b, splits, per_split = kmod.gemv_plan(576, 48, 132, 8, 128)  # K = 1536
     assert splits == 2 and per_split == 32 and block_b == 32
     block_b, splits, per_split = kmod.gemv_plan(8, 4096, 132, 8, 16)
     assert 132 <= splits <= 2 * 132 and per_split * splits >= 4096 and per_split % block_b == 0
     assert kmod.gemv_plan(8, 1, 132, 8, 16) == (1, 1, 1)
+    assert kmod.gemv_plan(4096, 448, 132) == (64, 1, 448)  # the default 2-row tile: 2048 programs, no split
 
 
 def test_linear_leading_dims_and_strides(seed):

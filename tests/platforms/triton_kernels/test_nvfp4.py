@@ -180,7 +180,9 @@ def test_linear_strided_x_and_empty(seed):
 
 def test_gemv_plan():
     assert kmod.gemv_plan(14336, 256, 132)[1] == 1  # up/gate projections: enough rows
-    assert kmod.gemv_plan(4096, 896, 132) == (256, 2, 512)  # down projection: 512 programs of 8 rows -> 1024
+    # down projection: 512 programs of 8 rows -> 1024; at the default 4 rows, 1024 programs -> 2048
+    assert kmod.gemv_plan(4096, 896, 132, block_n=8, block_b=256) == (256, 2, 512)
+    assert kmod.gemv_plan(4096, 896, 132, block_n=4, block_b=128) == (128, 2, 512)
     block_b, splits, per_split = kmod.gemv_plan(576, 36, 132)
     assert splits > 1 and per_split % block_b == 0 and per_split * (splits - 1) < 36 <= per_split * splits
 
