@@ -167,8 +167,9 @@ fp8_linear = OpDef(
         Case("block_e4m3fnuz", {"m": 2, "n": 256, "k": 256, "granularity": "block", "fp8": "e4m3fnuz",
                                 "bias": True}),
     ],
-    # Outputs are O(1). fp32 leaves room for FP8 tensor-core accumulation, which keeps fewer than 23 bits.
-    tolerances={torch.float32: Tolerance(2e-3, 2e-3), torch.bfloat16: Tolerance(1e-2, 1e-2)},
+    # Outputs are O(1). fp32 leaves room for FP8 tensor-core accumulation, which keeps fewer than 23 bits: Hopper's
+    # FP8 wgmma adds in about 14 (measured on an H200: one element of 9,900 off by 2.6e-3 at K = 400 under 2e-3).
+    tolerances={torch.float32: Tolerance(5e-3, 5e-3), torch.bfloat16: Tolerance(1e-2, 1e-2)},
     doc=(
         "out [M, N] = (x_q.float() * x_scale) @ (w_q.float() * w_scale)^T (+ bias), fp32 accumulate, cast to "
         "out_dtype. x_q [M, K], w_q [N, K]: both float8_e4m3fn (max 448) or both float8_e4m3fnuz (max 240). "
