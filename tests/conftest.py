@@ -10,6 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
+# The CI matrix: markers per platform / cross target / ISA path, and the per-cell report at the end of a run.
+from tests.ci_matrix import (  # noqa: F401
+    pytest_addoption,
+    pytest_collection_finish,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_makereport,
+    pytest_terminal_summary,
+)
 from tests.plugin_helpers import REPO
 
 

@@ -1,14 +1,17 @@
-"""Fixtures for the native CPU kernel tests: every ISA variant this CPU runs, and 1 or 2 threads."""
+"""Fixtures for the native CPU kernel tests: every ISA variant of this architecture (the ones this CPU lacks skipped
+by name), and 1 or 2 threads."""
 
 import pytest
 
 from engine.core.ops import KernelRegistry
 from engine.platforms.cpu import _native
 from engine.platforms.cpu.kernels import register
+from tests.isa_paths import kernel_isa_params
 
 
-@pytest.fixture(params=_native.supported_isas())
+@pytest.fixture(params=kernel_isa_params(_native.supported_isas()))
 def isa(request):
+    """Each kernel ISA of this architecture in turn; one this CPU lacks is a skip naming it (tests/isa_paths.py)."""
     before = _native.isa()
     _native.set_isa(request.param)
     assert _native.isa() == request.param
