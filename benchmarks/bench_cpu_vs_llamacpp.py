@@ -9,6 +9,15 @@ Measures, each system in its own subprocess (so one's threads never compete with
   prompt tok/s = 512 / TTFT.
 - (c) throughput: 32 concurrent requests (random ids, lengths 32..64 from --seed) x 128 output tokens; output tok/s
   over the whole run, prefill included.
+- (d) time to first token of a 43-token prompt (random ids), best of --repeat.
+- (e) start-up: the model load inside the worker, and for engine the whole ``engine generate --max-tokens 1`` command
+  (a fresh process: imports, platform, model load, one token) timed from outside.
+- (f) engine only: the share of a single-stream decode step spent outside the native kernels (Python, dispatch,
+  allocation, scheduler, sampler): 1 - (native kernel time per token, from cProfile's own time of the pybind calls
+  over one request's decode steps) / (the unprofiled ms/token of the same request run just before).
+
+The engine runs once per native ISA this CPU runs (``--isas``, default: all but scalar; ENGINE_CPU_ISA forces each)
+and per ``--activation-quant`` choice (default: none and q8), each configuration with its own ratios to llama.cpp.
 
 How each system runs them:
 
@@ -80,6 +89,39 @@ def _single_stream(run, w: dict) -> dict:
             "single": max((_decode_rates(tm, t0) for _, tm, t0 in runs), key=lambda r: r["decode_tok_per_s"])}
 
 
+def _ttft(run, w: dict) -> float:
+    """(d): the best time to first token of the short prompt."""
+    return min(tm[0] - t0 for _, tm, t0 in (run(w["short"], 1) for _ in range(w["repeat"])))
+
+
+def _host_share(eng, prompt: list[int], n: int, params_cls) -> dict:
+    """(f): one request's decode steps run twice back to back, unprofiled (wall ms per token) and under cProfile
+    (ms per token inside the native kernels: the own time of engine.platforms.cpu._native's pybind functions); the
+    host share is 1 - kernel / wall. Adjacent runs, so a change of load on the machine moves both alike."""
+    import cProfile
+    import pstats
+
+    def decode(prof=None) -> float:
+        eng.add_request(list(prompt), params_cls(temperature=0.0, max_tokens=n, ignore_eos=True))
+        eng.step()  # the prefill and first token, not counted
+        t = time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        while eng.has_unfinished():
+            eng.step()
+        if prof is not None:
+            prof.disable()
+        return 1000 * (time.perf_counter() - t) / (n - 1)
+
+    wall_ms = min(decode(), decode())
+    prof = cProfile.Profile()
+    decode(prof)
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, tottime, cumtime, callers)
+    kernel_ms = 1000 * sum(v[2] for k, v in stats.items() if "engine.platforms.cpu._native" in k[2]) / (n - 1)
+    return {"wall_ms_per_token": wall_ms, "kernel_ms_per_token": kernel_ms, "host_ms_per_token": wall_ms - kernel_ms,
+            "host_share": (wall_ms - kernel_ms) / wall_ms}
+
+
 def engine_worker(w: dict) -> dict:
     import torch
 
@@ -88,8 +130,9 @@ def engine_worker(w: dict) -> dict:
     from engine.core.engine.sampling_params import SamplingParams
 
     t = time.perf_counter()
-    llm = LLM(dtype="float32", enable_prefix_caching=False)
+    llm = LLM(dtype="float32", enable_prefix_caching=False, activation_quant=w.get("activation_quant", "none"))
     load = time.perf_counter() - t
+    from engine.platforms.cpu import _native
     eng = llm.engine
 
     def timed(prompt: list[int], n: int) -> tuple[list[int], list[float], float]:
@@ -105,14 +148,16 @@ def engine_worker(w: dict) -> dict:
                     times += [now] * len(u.new_token_ids)
         return toks, times, t0
 
-    out: dict = {"load_s": load, "threads": torch.get_num_threads(), **_single_stream(timed, w)}
+    out: dict = {"load_s": load, "threads": torch.get_num_threads(), "isa": _native.isa(),
+                 "activation_quant": llm.activation_quant, **_single_stream(timed, w), "ttft43_s": _ttft(timed, w)}
     if w["batch"]:
         params = SamplingParams(temperature=0.0, max_tokens=w["batch_out"], ignore_eos=True)
         t0 = time.perf_counter()
         res = llm.generate(w["batch"], params)
         wall = time.perf_counter() - t0
-        n = sum(len(r.token_ids) for r in res)
+        n = sum(len(r.outputs[0].token_ids) for r in res)
         out["batch"] = {"wall_s": wall, "output_tokens": n, "output_tok_per_s": n / wall}
+    out["host"] = _host_share(eng, w["chat"], w["single_out"], SamplingParams)
     return out
 
 
@@ -180,7 +225,7 @@ def llamacpp_worker(w: dict) -> dict:
 
     out: dict = {"load_s": load, "threads": w["threads"], "version": L.__version__,
                  "system_info": L.llama_print_system_info().decode(errors="replace").strip(),
-                 **_single_stream(single, w)}
+                 **_single_stream(single, w), "ttft43_s": _ttft(single, w)}
     L.llama_batch_free(batch)
     L.llama_free(ctx)
 
@@ -251,7 +296,8 @@ def hf_worker(w: dict) -> dict:
                                do_sample=False, pad_token_id=pad, streamer=clock)
         return y[0, ids.shape[1]:].tolist(), clock.times, t0
 
-    out: dict = {"load_s": load, "threads": torch.get_num_threads(), **_single_stream(single, w)}
+    out: dict = {"load_s": load, "threads": torch.get_num_threads(), **_single_stream(single, w),
+                 "ttft43_s": _ttft(single, w)}
     prompts = w["batch"]
     if prompts:
         width = max(len(p) for p in prompts)
@@ -271,10 +317,10 @@ WORKERS = {"engine": engine_worker, "llama.cpp": llamacpp_worker, "hf": hf_worke
 
 
 # ---- orchestration -----------------------------------------------------------------------------------------------
-def run_worker(kind: str, spec: dict, threads: int) -> dict:
+def run_worker(kind: str, spec: dict, threads: int, env_extra: dict | None = None) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
-    env = dict(os.environ, ENGINE_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, ENGINE_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads), **(env_extra or {}))
     t = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, __file__, "--worker", kind, "--spec", f.name], capture_output=True,
@@ -283,8 +329,39 @@ def run_worker(kind: str, spec: dict, threads: int) -> dict:
         os.unlink(f.name)
     if proc.returncode != 0:
         raise RuntimeError(f"worker {kind} failed:\n{proc.stderr[-3000:]}")
-    print(f"  {kind:9} done in {time.perf_counter() - t:6.1f} s", file=sys.stderr)
+    print(f"  {kind:9} {env_extra or ''} done in {time.perf_counter() - t:6.1f} s", file=sys.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def generate_startup(isa: str, threads: int, repeat: int) -> float:
+    """(e): the best wall time of a fresh ``engine generate --max-tokens 1`` (imports, platform, load, one token)."""
+    env = dict(os.environ, ENGINE_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads), ENGINE_CPU_ISA=isa)
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "engine.core.cli", "generate", "--max-tokens", "1", "Hi"],
+                              capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"engine generate failed:\n{proc.stderr[-3000:]}")
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def cpu_description() -> str:
+    """lscpu's model name and the SIMD extensions that matter here."""
+    name, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
+    return f"{name} ({os.cpu_count()} CPUs; {' '.join(isa) or 'no x86 SIMD flags'})"
 
 
 def _fmt(x) -> str:
@@ -296,7 +373,9 @@ def _ratio(x, y) -> str:
 
 
 def table(res: dict, a) -> str:
-    e, c, h = res["engine"], res["llama.cpp"], res.get("hf")
+    """One column per engine configuration, llama.cpp and HF; then each engine configuration over llama.cpp."""
+    engines = res["engines"]  # label -> result
+    c, h = res["llama.cpp"], res.get("hf")
 
     def get(r, *keys):
         for k in keys:
@@ -305,28 +384,38 @@ def table(res: dict, a) -> str:
             r = r[k]
         return r
 
-    def prompt_rate(r):
-        return None if r is None else a.long_in / r["prefill_s"]
+    def ms(*keys):
+        return lambda r: None if get(r, *keys) is None else 1000 * get(r, *keys)
 
     rows = [
         (f"(a) decode tok/s, 1 stream, {len(res['chat_ids'])} in / {a.single_out} out",
          lambda r: get(r, "single", "decode_tok_per_s"), True),
         ("(a) ms/token (decode)", lambda r: get(r, "single", "ms_per_token"), False),
-        ("(a) time to first token, ms", lambda r: None if r is None else 1000 * r["single"]["ttft_s"], False),
-        (f"(b) prompt tok/s, {a.long_in}-token prompt (TTFT)", prompt_rate, True),
-        (f"(c) output tok/s, {a.batch} x {a.batch_in_min}..{a.batch_in_max} in / {a.batch_out} out",
+        (f"(b) prompt tok/s, {a.long_in}-token prompt", lambda r: None if r is None else a.long_in / r["prefill_s"],
+         True),
+        (f"(c) output tok/s, {a.batch} requests x {a.batch_in_min}..{a.batch_in_max} in / {a.batch_out} out",
          lambda r: get(r, "batch", "output_tok_per_s"), True),
-        ("model load, s", lambda r: get(r, "load_s"), False),
+        (f"(d) time to first token, {a.short_in}-token prompt, ms", ms("ttft43_s"), False),
+        ("(e) model load, ms", ms("load_s"), False),
+        ("(e) `engine generate --max-tokens 1`, whole command, ms", ms("generate_startup_s"), False),
+        ("(f) engine host overhead: % of a decode step outside native kernels",
+         lambda r: None if get(r, "host", "host_share") is None else 100 * r["host"]["host_share"], None),
+        ("(f) engine native kernels, ms per decode token", lambda r: get(r, "host", "kernel_ms_per_token"), None),
     ]
-    lines = ["| metric | engine | llama.cpp | HF | engine/llama.cpp | engine/HF |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    names = list(engines) + ["llama.cpp"] + (["HF"] if h else [])
+    systems = list(engines.values()) + [c] + ([h] if h else [])
+    lines = ["| metric | " + " | ".join(names) + " | " + " | ".join(f"{n} / llama.cpp" for n in engines) + " |",
+             "| --- |" + " ---: |" * (len(names) + len(engines))]
     for label, f, higher_better in rows:
-        x, y, z = f(e), f(c), f(h)
-        note = "" if higher_better else " (lower is better)"
-        lines.append(f"| {label}{note} | {_fmt(x)} | {_fmt(y)} | {_fmt(z)} | {_ratio(x, y)} | {_ratio(x, z)} |")
-    agree = res["agree"]
-    lines.append(f"| greedy tokens agreeing with engine (of {a.single_out}) | — | {agree['llama.cpp']} | "
-                 f"{_fmt(agree.get('hf'))} | | |")
+        vals = [f(r) for r in systems]
+        ratios = ["" if higher_better is None else _ratio(f(r), f(c)) if higher_better else _ratio(f(c), f(r))
+                  for r in engines.values()]
+        lines.append(f"| {label} | " + " | ".join(_fmt(v) for v in vals) + " | " + " | ".join(ratios) + " |")
+    for other in ("llama.cpp", "hf"):
+        if other in res["agree"]:
+            cells = [_fmt(res["agree"][other].get(n)) for n in engines] + [""] * len(names)
+            lines.append(f"| greedy tokens agreeing with {other} (of {a.single_out}) | " + " | ".join(cells) + " |")
+    lines += ["", "Ratios: engine over llama.cpp for rates, llama.cpp over engine for times (above 1: engine ahead)."]
     return "\n".join(lines)
 
 
@@ -347,6 +436,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-hf-batch", action="store_true", help="skip HF for (c) (its slowest part)")
     p.add_argument("--llamacpp-amx", action="store_true",
                    help="let llama.cpp use its extra buffer types (AMX on a CPU that has it; off: SIGILL here)")
+    p.add_argument("--short-in", type=int, default=43, help="(d) prompt tokens")
+    p.add_argument("--isas", default=None,
+                   help="comma-separated ENGINE_CPU_ISA values for the engine runs (default: every one this CPU runs "
+                        "but scalar)")
+    p.add_argument("--activation-quant", default="none,q8", help="comma-separated engine activation_quant values")
+    p.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp (no ratios)")
     p.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     p.add_argument("--json", help="also write all results to this file")
     a = p.parse_args(argv)
@@ -357,6 +452,7 @@ def main(argv=None) -> int:
         return 0
     if a.quick:
         a.single_out, a.long_in, a.batch, a.batch_in_min, a.batch_in_max, a.batch_out, a.repeat = 16, 64, 4, 8, 16, 8, 1
+        a.short_in = min(a.short_in, 16)
     a.threads = a.threads or os.cpu_count() or 1
     b = _helpers()
     from engine.core.cli_bench import random_prompts
@@ -369,22 +465,34 @@ def main(argv=None) -> int:
             "single_out": a.single_out, "batch_out": a.batch_out, "chat": chat,
             "warm": random_prompts(1, 8, vocab, a.seed + 99)[0],
             "long": random_prompts(1, a.long_in, vocab, a.seed + 1)[0],
+            "short": random_prompts(1, a.short_in, vocab, a.seed + 2)[0],
             "batch": random_prompts(a.batch, lens, vocab, a.seed) if a.batch else []}
     t0, load0 = time.perf_counter(), os.getloadavg()
-    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "chat_ids": chat, "args": {
+    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "chat_ids": chat, "args": {
         k: getattr(a, k) for k in ("threads", "single_out", "long_in", "batch", "batch_in_min", "batch_in_max",
                                    "batch_out", "repeat", "seed", "no_hf", "no_hf_batch",
-                                   "llamacpp_amx")}}
-    res["engine"] = run_worker("engine", spec, a.threads)
-    res["llama.cpp"] = run_worker("llama.cpp", spec, a.threads)
+                                   "llamacpp_amx", "short_in", "isas", "activation_quant")}}
+    res["cpu"] = cpu_description()
+    from engine.platforms.cpu import _native
+
+    isas = a.isas.split(",") if a.isas else [i for i in _native.supported_isas() if i != "scalar"]
+    res["engines"] = {}
+    for isa in isas:
+        startup = generate_startup(isa, a.threads, a.repeat)
+        for aq in a.activation_quant.split(","):
+            r = run_worker("engine", dict(spec, activation_quant=aq), a.threads, {"ENGINE_CPU_ISA": isa})
+            r["generate_startup_s"] = startup
+            res["engines"][f"engine {isa}" + ("" if aq == "none" else f" {aq}")] = r
+    res["llama.cpp"] = None if a.no_llamacpp else run_worker("llama.cpp", spec, a.threads)
     if not a.no_hf:
         res["hf"] = run_worker("hf", dict(spec, batch=[] if a.no_hf_batch else spec["batch"]), a.threads)
-    res["agree"] = {k: b._agree(res["engine"]["single_tokens"], res[k]["single_tokens"])
-                    for k in ("llama.cpp", "hf") if k in res}
+    res["agree"] = {k: {n: b._agree(e["single_tokens"], res[k]["single_tokens"]) for n, e in res["engines"].items()}
+                    for k in ("llama.cpp", "hf") if res.get(k)}
     res["total_s"] = time.perf_counter() - t0
     res["loadavg_start"] = load0
-    print(f"\nllama-cpp-python {res['llama.cpp']['version']}, {a.threads} threads each; "
-          f"llama.cpp: {res['llama.cpp']['system_info']}\n")
+    c = res["llama.cpp"] or {"version": "(not run)", "system_info": "-"}
+    print(f"\n{res['date']} UTC, {res['cpu']}; llama-cpp-python {c['version']}, {a.threads} threads each; "
+          f"llama.cpp: {c['system_info']}\n")
     print(table(res, a))
     print(f"\ntotal {res['total_s']:.0f} s; 1-minute load average at the start {load0[0]:.2f} on {os.cpu_count()} "
           "CPUs (other work on the machine makes these numbers noisy, OpenMP runtimes the most)")

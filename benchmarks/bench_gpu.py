@@ -102,7 +102,7 @@ def engine_generate(llm, n: int, in_len: int, out_len: int, vocab: int) -> tuple
     outs = llm.generate(prompts, params)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t
-    assert all(len(o.token_ids) == out_len for o in outs)
+    assert all(len(o.outputs[0].token_ids) == out_len for o in outs)
     st = llm.engine.stats
     split = {"prefill_s": st.prefill_time, "decode_s": st.decode_time, "steps": st.num_steps,
              "decode_step_ms": 1e3 * st.decode_time / max(st.num_steps - 1, 1)}

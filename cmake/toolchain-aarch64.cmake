@@ -9,3 +9,6 @@ set(ENGINE_ARCH_FLAGS "-march=armv8-a")
 set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64 -cpu max -L /usr/aarch64-linux-gnu)
 set(ENGINE_BASELINE_EMULATOR qemu-aarch64 -cpu cortex-a53 -L /usr/aarch64-linux-gnu)
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
+# Vector instructions that must be in the built kernels (NEON fp32 FMA, the dotprod int8 dot).
+set(ENGINE_OBJDUMP aarch64-linux-gnu-objdump)
+set(ENGINE_VECTOR_INSNS fmla sdot)

@@ -1,9 +1,10 @@
-"""The ``engine`` command line: ``engine generate``, ``engine bench``, ``engine doctor``."""
+"""The ``engine`` command line: ``engine generate``, ``engine bench``, ``engine serve``, ``engine doctor``."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 
@@ -25,10 +26,37 @@ def _bench(args) -> int:
     return run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import cli_bench, cli_generate
+def _serve(args) -> int:
+    from .cli_serve import run
 
-    parser = argparse.ArgumentParser(prog="engine", description="A portable LLM inference engine.")
+    return run(args)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit status 2, as every user error) instead of usage plus error."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default, except where there is none to show (None, off, an empty list) or the
+    help already says it."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engine import __version__
+
+    from . import cli_bench, cli_generate, cli_serve
+
+    parser = _Parser(prog="engine", description="A portable LLM inference engine.",
+                     formatter_class=_DefaultsFormatter)
+    parser.add_argument("--version", action="version", version=f"engine {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="complete prompts with a model (default: the built-in SmolLM2)")
     cli_generate.add_arguments(gen)
@@ -36,24 +64,53 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="synthetic workload: throughput, latency percentiles, KV waste, kernels")
     cli_bench.add_arguments(bench)
     bench.set_defaults(func=_bench)
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)")
+    cli_serve.add_arguments(serve)
+    serve.set_defaults(func=_serve)
     doctor = sub.add_parser("doctor", help="show every platform plugin, the selected one, and each op's kernel")
     doctor.add_argument("--platform", help="force a platform (same as ENGINE_PLATFORM)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.set_defaults(func=_doctor)
+    for p in sub.choices.values():  # every subcommand's --help shows its defaults
+        p.formatter_class = _DefaultsFormatter
     return parser
 
 
+# Errors a user can fix (a model path, a platform, a setting): one line on stderr and USER_ERROR, no traceback.
+USER_ERRORS = (ValueError, TypeError, OSError, RuntimeError)
+USER_ERROR = 2
+INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a process ended by Ctrl-C
+BROKEN_PIPE = 128 + getattr(signal, "SIGPIPE", 13)  # 141, as a shell reports `yes | head`
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the command; returns the exit status: 0, USER_ERROR (bad input, one line on stderr; ENGINE_DEBUG=1
+    shows the traceback), INTERRUPTED (Ctrl-C, quietly) or BROKEN_PIPE (the reader of stdout went away)."""
+    command = "engine"
     try:
+        args = build_parser().parse_args(argv)
+        command = f"engine {args.command}"
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
-        # Bad input (model file, platform, sampling parameters, prompt length): one clear line, no traceback.
-        # ENGINE_DEBUG=1 shows the traceback.
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C during shutdown must not print either
+        return INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return BROKEN_PIPE
+    except USER_ERRORS as exc:
         if os.environ.get("ENGINE_DEBUG"):
             raise
-        print(f"engine {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return USER_ERROR
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not raise BrokenPipeError again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (embedded, replaced by a test): nothing will be flushed to it
+        pass
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ def run_workload(llm, prompts: list[list[int]], output_lens: list[int], progress
         for u in engine.step():
             bar.advance(len(u.new_token_ids))
             if u.finished:
-                produced[u.request_id] = u.output.token_ids
+                produced[u.request_id] = u.output.outputs[0].token_ids
     wall = time.perf_counter() - start
     bar.close()
     prompt_tokens, output_tokens = sum(len(p) for p in prompts), sum(len(t) for t in produced.values())

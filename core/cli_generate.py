@@ -1,67 +1,93 @@
-"""``engine generate``: complete prompts on the command line, streaming a single prompt to the terminal."""
+"""``engine generate``: complete prompts on the command line, streaming a single prompt to the terminal.
+
+Each prompt is sent as one user message through the model's chat template (``--no-chat`` sends the raw text, as
+``LLM.generate`` does; ``LLM.chat`` applies the template). Sampling defaults are SamplingParams' own.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+
+from engine.core.engine.sampling_params import SamplingParams
+
+DTYPES = ("float32", "bfloat16", "float16")
+NO_PROMPT = 'no prompt given (or only an empty one); e.g. engine generate "What is the capital of France?"'
 
 
 def add_model_arguments(p) -> None:
     """The options that choose the model and how it runs (shared by generate and bench); see load_llm."""
     p.add_argument("--model", help="GGUF file or HF directory (default: the built-in SmolLM2-135M-Instruct)")
     p.add_argument("--platform", help="force a platform (same as ENGINE_PLATFORM)")
-    p.add_argument("--dtype", default="float32", help="activation dtype: float32 (default) or bfloat16")
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="activation dtype; only the ones the platform has fast kernels for are accepted")
     p.add_argument("--activation-quant", default="none", choices=("none", "q8", "auto"),
                    help="GGUF weights: round activations to Q8 blocks before each quantized matmul (q8, as llama.cpp"
-                        " on CPUs; auto = q8 where the platform has a kernel for it) or not (none, the default)")
+                        " on CPUs; auto = q8 where the platform has a kernel for it) or not (none)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="GPU platforms: fraction of the device's memory for weights, activations and KV cache")
     p.add_argument("--enforce-eager", action="store_true", help="GPU platforms: no CUDA graphs for decode steps")
 
 
 def load_llm(args, **kwargs):
+    """The LLM the model options describe. A --dtype the selected platform has no kernels for is refused (every
+    op would run on its plain-torch reference); the Python API allows it and warns once per op instead."""
+    import torch
+
+    from engine.core import plugins
     from engine.core.engine.llm import LLM
 
-    return LLM(args.model, platform=args.platform, dtype=args.dtype, activation_quant=args.activation_quant,
+    platform = plugins.activate(args.platform)
+    fast = platform.supported_dtypes()
+    if getattr(torch, args.dtype) not in fast:
+        names = ", ".join(str(d).removeprefix("torch.") for d in fast)
+        raise ValueError(f"--dtype {args.dtype}: platform {platform.name!r} has fast kernels for {names} only; "
+                         f"{args.dtype} would run every op on its plain-torch reference. Use --dtype "
+                         f"{names.split(',')[0]}")
+    return LLM(args.model, platform=platform, dtype=args.dtype, activation_quant=args.activation_quant,
                gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, **kwargs)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("prompts", nargs="*", help="prompts (default: read one prompt from stdin; '-' also reads stdin)")
-    p.add_argument("--file", help="read prompts from this file, one per line")
+    d = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+    p.add_argument("prompts", nargs="*", help="prompts, each sent as a user message through the model's chat "
+                   "template (none: read one prompt from stdin; '-' also reads stdin)")
+    p.add_argument("--file", help="read prompts from this file, one per line (blank lines skipped)")
     add_model_arguments(p)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=d["max_tokens"], help="most tokens generated per prompt")
+    p.add_argument("--temperature", type=float, default=d["temperature"], help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=d["top_p"], help="nucleus sampling; 1 = off")
+    p.add_argument("--top-k", type=int, default=d["top_k"], help="0 = off")
+    p.add_argument("--min-p", type=float, default=d["min_p"], help="0 = off")
+    p.add_argument("--seed", type=int, default=d["seed"], help="makes sampling reproducible")
+    p.add_argument("--repetition-penalty", type=float, default=d["repetition_penalty"],
+                   help="> 1 discourages tokens already in the prompt or output (1 = off)")
+    p.add_argument("--presence-penalty", type=float, default=d["presence_penalty"], help="in [-2, 2]; 0 = off")
+    p.add_argument("--frequency-penalty", type=float, default=d["frequency_penalty"], help="in [-2, 2]; 0 = off")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--no-chat", action="store_true", help="send the prompt as raw text, without the chat template")
 
 
 def read_prompts(args) -> list[str]:
+    """The prompts from the arguments, --file and stdin ('-', or no prompt argument with stdin not a terminal).
+    An empty or blank prompt, from wherever, is the same error as none at all."""
     prompts = [p for p in args.prompts if p != "-"]
     if args.file:
         with open(args.file, encoding="utf-8") as f:
             prompts += [line.rstrip("\n") for line in f if line.strip()]
-    if not prompts or "-" in args.prompts:
-        if sys.stdin is None or sys.stdin.isatty() and not prompts:
-            raise SystemExit("engine generate: give a prompt, e.g. engine generate \"What is the capital of France?\"")
-        if not sys.stdin.isatty() or "-" in args.prompts:
-            text = sys.stdin.read().strip()
-            if text:
-                prompts.append(text)
-    if not prompts:
-        raise SystemExit("engine generate: no prompt given (arguments, --file, or stdin were all empty)")
+    if "-" in args.prompts or not args.prompts and not args.file and sys.stdin is not None and not sys.stdin.isatty():
+        prompts.append(sys.stdin.read().strip())
+    if not prompts or not all(p.strip() for p in prompts):
+        raise ValueError(NO_PROMPT)
     return prompts
 
 
 def run(args) -> int:
-    from engine.core.engine.sampling_params import SamplingParams
-
     prompts = read_prompts(args)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-                            seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
+                            seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
+                            repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty)
     llm = load_llm(args)
     chat = not args.no_chat and llm.tokenizer.chat_template is not None
     inputs = [llm.tokenizer.encode(llm.chat_prompt([{"role": "user", "content": p}]), add_special_tokens=False)
@@ -73,5 +99,5 @@ def run(args) -> int:
         sys.stdout.write("\n")
         return 0
     for i, out in enumerate(llm.generate(inputs, params)):
-        print(f"=== [{i}] {prompts[i]}\n{out.text}\n")
+        print(f"=== [{i}] {prompts[i]}\n{out.outputs[0].text}\n")
     return 0

@@ -101,6 +101,7 @@ class BlockManager:
         seq.block_table = hits + [self._take_free() for _ in range(num_new)]
         seq.num_computed_tokens = seq.num_cached_tokens = computed
         seq.num_hashed_blocks = len(hits)
+        seq.num_draft_computed_tokens = 0  # a draft model's cache may not hold the hit blocks: it recomputes them
         return True
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -143,6 +144,22 @@ class BlockManager:
                     self._free.append(b)
         seq.block_table = []
         seq.num_hashed_blocks = 0
+        seq.num_draft_computed_tokens = 0
+
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Release the blocks past those holding positions [0, num_tokens): the slots reserved ahead for draft
+        tokens a speculative step rejected. Such blocks hold no computed position, so none is registered."""
+        keep = -(-num_tokens // self.block_size)
+        if keep < seq.num_hashed_blocks:
+            raise ValueError(f"trim: {seq} would drop blocks registered in the prefix cache (keep {keep})")
+        while len(seq.block_table) > keep:
+            b = seq.block_table.pop()
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                if self._hash[b] is not None:
+                    self._evictable[b] = None
+                else:
+                    self._free.append(b)
 
     # ---- internals --------------------------------------------------------------------------------------
     def _take_free(self) -> int:

@@ -54,6 +54,8 @@ class LLM:
     is "q8" where the platform has a kernel for it and "none" elsewhere. Q8 rounding can turn a last-bit difference
     (a prompt recomputed after preemption, whose attention ran through the prefill kernel instead of the decode
     one) into a different greedy token; "none" keeps such differences at the last bit.
+    ``speculative_config``: speculative decoding, vLLM's shape (see spec_decode/config.py), e.g.
+    ``{"method": "ngram", "num_speculative_tokens_per_batch_size": {1: 4, 8: 2, 32: 0}}``.
     """
 
     def __init__(self, model: str | None = None, *, dtype: torch.dtype | str = "float32",
@@ -61,7 +63,8 @@ class LLM:
                  num_kv_blocks: int | None = None,
                  kv_cache_bytes: int | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 1024,
                  enable_prefix_caching: bool = True, dequantize: bool = False, activation_quant: str = "none",
-                 gpu_memory_utilization: float = 0.9, enforce_eager: bool = False):
+                 gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
+                 speculative_config: dict | None = None):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
@@ -96,6 +99,10 @@ class LLM:
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    max_model_len=self.max_model_len, eos_token_ids=eos)
         self.engine = LLMEngine(self.runner, self.scheduler, self.tokenizer, self.max_model_len)
+        if speculative_config is not None:
+            from .spec_decode import build_speculator
+
+            self.engine.speculator = build_speculator(speculative_config, self)
 
     # ---- requests -----------------------------------------------------------------------------
     def _add(self, prompt, params: SamplingParams) -> str:
@@ -116,24 +123,41 @@ class LLM:
         return params
 
     def stream(self, prompts, sampling_params=None) -> Iterator[StepUpdate]:
-        """Run the prompts together, yielding each request's new text as it is generated."""
+        """Run the prompts together, yielding each completion's new text as it is generated (one StepUpdate per
+        completion per step). Leaving the loop early (break, an exception, closing the generator) aborts the
+        requests it started, so their KV blocks return to the pool at once."""
         prompts = [prompts] if isinstance(prompts, str) or _is_token_list(prompts) else list(prompts)
-        for p, sp in zip(prompts, self._params(sampling_params, len(prompts)), strict=True):
-            self._add(p, sp)
-        while self.engine.has_unfinished():
-            yield from self.engine.step()
+        ids = []
+        try:
+            for p, sp in zip(prompts, self._params(sampling_params, len(prompts)), strict=True):
+                ids.append(self._add(p, sp))
+            while self.engine.has_unfinished():
+                yield from self.engine.step()
+        finally:
+            for i in ids:
+                self.engine.abort(i)  # a no-op for requests that finished
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a running request now and free its KV blocks; its output ends with finish_reason "abort".
+        Returns that output, or None if the request is not running."""
+        return self.engine.abort(request_id)
 
     def generate(self, prompts: str | SequenceABC, sampling_params=None) -> list[RequestOutput]:
-        """Complete each prompt (a string or a list of token ids); outputs are in the prompts' order."""
+        """Complete each prompt (a string or a list of token ids); outputs are in the prompts' order. Prompts are
+        used as given, without the chat template (``chat()`` applies it, as ``engine generate`` does by default)."""
         prompts = [prompts] if isinstance(prompts, str) or _is_token_list(prompts) else list(prompts)
         order: dict[str, RequestOutput] = {}
         ids = []
-        for p, sp in zip(prompts, self._params(sampling_params, len(prompts)), strict=True):
-            ids.append(self._add(p, sp))
-        while self.engine.has_unfinished():
-            for u in self.engine.step():
-                if u.finished:
-                    order[u.request_id] = u.output
+        try:
+            for p, sp in zip(prompts, self._params(sampling_params, len(prompts)), strict=True):
+                ids.append(self._add(p, sp))
+            while self.engine.has_unfinished():
+                for u in self.engine.step():
+                    if u.output.finished:
+                        order[u.request_id] = u.output
+        finally:
+            for i in ids:
+                self.engine.abort(i)  # after an error (e.g. a bad prompt): leave nothing half-run behind
         return [order[i] for i in ids]
 
     @torch.inference_mode()

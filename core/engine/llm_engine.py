@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
 from .detokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
-from .outputs import RequestOutput, StepUpdate
-from .sampler import Sampler
+from .outputs import CompletionOutput, Logprob, RequestOutput, StepUpdate
+from .sampler import Sampler, TokenLogprobs
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -16,10 +17,13 @@ from .stats import EngineStats, kv_occupancy
 
 
 @dataclass
-class _Request:
+class _Completion:
+    """One of a request's n sequences and its text state."""
+
     seq: Sequence
     detok: IncrementalDetokenizer
-    out: RequestOutput
+    out: CompletionOutput
+    request: RequestOutput
     full: str = ""  # all text decoded so far, before any stop-string cut
     emitted: int = 0  # characters already streamed
 
@@ -33,8 +37,10 @@ class LLMEngine:
         self.max_model_len = max_model_len
         self.sampler = Sampler()
         self.num_preemptions = 0  # total over the engine's life
-        self._requests: dict[int, _Request] = {}
+        self._requests: dict[int, _Completion] = {}  # by seq_id, unfinished only
+        self._by_request_id: dict[str, list[Sequence]] = {}  # unfinished requests' sequences
         self.stats = EngineStats()  # per-step and per-request statistics (see stats.py)
+        self.speculator = None  # a spec_decode.Speculator when speculative decoding is on (set by LLM)
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
                     request_id: str | None = None) -> str:
@@ -48,19 +54,50 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        seq = Sequence(prompt_token_ids, params, request_id)
-        detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
-        out = RequestOutput(seq.request_id, prompt, list(prompt_token_ids))
-        self.scheduler.add(seq)
-        self._requests[seq.seq_id] = _Request(seq, detok, out)
-        self.stats.on_arrival(seq.seq_id, seq.request_id, n, time.perf_counter())
-        return seq.request_id
+        if request_id is not None and request_id in self._by_request_id:
+            raise ValueError(f"request id {request_id!r} is already running; ids must be unique")
+        seqs = [Sequence(prompt_token_ids, _child_params(params, i), request_id) for i in range(params.n)]
+        request_id = seqs[0].request_id
+        for seq in seqs[1:]:
+            seq.request_id = request_id
+        out = RequestOutput(request_id, prompt, list(prompt_token_ids))
+        for seq in seqs:  # validates the first before any is queued
+            self.scheduler.add(seq)
+        now = time.perf_counter()
+        for i, seq in enumerate(seqs):
+            detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+            comp = CompletionOutput(i, logprobs=[] if params.logprobs is not None else None,
+                                    cumulative_logprob=0.0 if params.logprobs is not None else None)
+            out.outputs.append(comp)
+            self._requests[seq.seq_id] = _Completion(seq, detok, comp, out)
+            self.stats.on_arrival(seq.seq_id, request_id, n, now)
+        self._by_request_id[request_id] = seqs
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Finish every unfinished completion of the request (finish_reason "abort") and free its KV blocks now.
+        Returns the request's output, or None if no such request is running."""
+        seqs = self._by_request_id.pop(request_id, None)
+        if seqs is None:
+            return None
+        out = None
+        for seq in seqs:
+            comp = self._requests.pop(seq.seq_id, None)
+            if comp is None:
+                continue
+            self.scheduler.finish(seq, "abort")
+            comp.out.finish_reason = "abort"
+            self.stats.drop(seq.seq_id)
+            out = comp.request
+        return out
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[StepUpdate]:
         start = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.plan()
         sched = self.scheduler.schedule()
         self.num_preemptions += len(sched.preempted)
         if not sched.scheduled:
@@ -69,51 +106,91 @@ class LLMEngine:
         num_decode = sum(1 for s, _ in sched.scheduled if s.output_token_ids and not s.in_prefill)
         num_prefill = sched.num_batched_tokens - num_decode
         kv_slots = kv_occupancy(self.scheduler.running, sched.scheduled, self.scheduler.block_manager.block_size)
-        logits, sampled_seqs = self.runner.run(sched.scheduled)
-        # The step's one read from the device: the sampled tokens, all at once.
-        tokens = self.sampler.sample(logits, sampled_seqs).tolist() if sampled_seqs else []
-        sampled = {s.seq_id: t for s, t in zip(sampled_seqs, tokens, strict=True)}
-        self.scheduler.update(sched.scheduled, sampled)
-        updates = []
-        for seq in sampled_seqs:
-            updates.append(self._advance(seq, sampled[seq.seq_id]))
+        drafts, q = self.speculator.propose(sched.scheduled, sched.lookahead) if self.speculator else ({}, None)
+        logits, sampled_seqs = self.runner.run(sched.scheduled, drafts)
+        counts = {}  # tokens emitted per sequence when a speculative step emits more than one
+        if drafts:  # verify the draft tokens, emit the accepted ones (spec_decode/speculator.py)
+            updates, counts = self.speculator.commit(self, sched.scheduled, logits, sampled_seqs, drafts, q)
+        else:
+            # The step's one read from the device: the sampled tokens, all at once.
+            tokens, logprobs = (self.sampler.sample_with_logprobs(logits, sampled_seqs) if sampled_seqs
+                                else ([], []))
+            sampled = {s.seq_id: t for s, t in zip(sampled_seqs, tokens, strict=True)}
+            self.scheduler.update(sched.scheduled, sampled)
+            if self.speculator is not None:  # free the slots reserved for drafts nobody proposed
+                self.speculator.release(sched.scheduled, sched.lookahead)
+            updates = []
+            for seq, lp in zip(sampled_seqs, logprobs, strict=True):
+                updates.append(self._advance(seq, sampled[seq.seq_id], lp))
         end = time.perf_counter()
         self.stats.on_step(start, end, num_prefill, num_decode, len(sched.scheduled), *kv_slots)
         for seq in sampled_seqs:
-            self.stats.on_token(seq.seq_id, end, seq.is_finished)
+            n = counts.get(seq.seq_id, 1)
+            for i in range(n):
+                self.stats.on_token(seq.seq_id, end, seq.is_finished and i == n - 1)
         return updates
 
-    def _advance(self, seq: Sequence, token: int) -> StepUpdate:
-        req = self._requests[seq.seq_id]
-        out, stops = req.out, seq.params.stop
+    def _advance(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None = None) -> StepUpdate:
+        comp = self._requests[seq.seq_id]
+        out, stops = comp.out, seq.params.stop
         out.token_ids.append(token)
-        out.num_cached_tokens = max(out.num_cached_tokens, seq.num_cached_tokens)
-        old_len = len(req.full)
+        comp.request.num_cached_tokens = max(comp.request.num_cached_tokens, seq.num_cached_tokens)
+        new_logprobs = None
+        if logprobs is not None and out.logprobs is not None:
+            new_logprobs = [self._logprob_dict(token, logprobs)]
+            out.logprobs.extend(new_logprobs)
+            out.cumulative_logprob += logprobs[0]
+        old_len = len(comp.full)
         if token not in seq.params.stop_token_ids:
-            req.full += req.detok.add(token)
+            comp.full += comp.detok.add(token)
         if seq.is_finished:
-            req.full += req.detok.flush()  # a character whose bytes never completed
-        stop_at = self._find_stop(req.full, old_len, stops)
-        text = req.full if stop_at is None else req.full[:stop_at]
+            comp.full += comp.detok.flush()  # a character whose bytes never completed
+        stop_at, stop_str = self._find_stop(comp.full, old_len, stops)
+        text = comp.full if stop_at is None else comp.full[:stop_at]
         if stop_at is not None and not seq.is_finished:
             self.scheduler.finish(seq, "stop")
+            out.stop_reason = stop_str
+        elif seq.is_finished and token in seq.params.stop_token_ids:
+            out.stop_reason = token
         # While running, hold back a tail that could be the start of a stop string, so streamed text never
         # shows part of one; at the end, release everything up to the cut.
         hold = 0 if seq.is_finished or not stops else max(len(x) for x in stops) - 1
-        upto = max(req.emitted, len(text) - hold)
-        delta, req.emitted = text[req.emitted:upto], upto
+        upto = max(comp.emitted, len(text) - hold)
+        delta, comp.emitted = text[comp.emitted:upto], upto
         out.text = text
+        request_finished = False
         if seq.is_finished:
             out.finish_reason = seq.finish_reason
             del self._requests[seq.seq_id]
-        return StepUpdate(seq.request_id, delta, [token], seq.is_finished, out)
+            if comp.request.finished:
+                request_finished = True
+                self._by_request_id.pop(seq.request_id, None)
+        return StepUpdate(seq.request_id, delta, [token], seq.is_finished, comp.request, out.index, new_logprobs,
+                          request_finished)
+
+    def _logprob_dict(self, token: int, logprobs: TokenLogprobs) -> dict[int, Logprob]:
+        chosen, rank, top = logprobs
+        d = {tid: Logprob(lp, r + 1, self.tokenizer.decode([tid], skip_special_tokens=False))
+             for r, (tid, lp) in enumerate(top)}
+        if token not in d:
+            d[token] = Logprob(chosen, rank, self.tokenizer.decode([token], skip_special_tokens=False))
+        return d
 
     @staticmethod
-    def _find_stop(text: str, old_len: int, stops: list[str]) -> int | None:
-        """Earliest end-of-text cut for a stop string that appears in the newly added text."""
-        best = None
+    def _find_stop(text: str, old_len: int, stops: list[str]) -> tuple[int | None, str | None]:
+        """Earliest end-of-text cut for a stop string that appears in the newly added text, and that string."""
+        best, which = None, None
         for s in stops:
             i = text.find(s, max(0, old_len - len(s) + 1))
             if i != -1 and (best is None or i < best):
-                best = i
-        return best
+                best, which = i, s
+        return best, which
+
+
+def _child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Completion ``index``'s params: its own seed (seed + index) and its own copy of stateful processors."""
+    if params.n == 1 and not any(hasattr(p, "clone") for p in params.logits_processors):
+        return params
+    procs = [p.clone() if hasattr(p, "clone") else p for p in params.logits_processors]
+    seed = None if params.seed is None else params.seed + index
+    return dataclasses.replace(params, seed=seed, logits_processors=procs)

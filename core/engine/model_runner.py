@@ -26,25 +26,31 @@ class ModelRunner:
         self.kv_caches = [(torch.empty(shape, dtype=model.dtype, device=model.device),
                            torch.empty(shape, dtype=model.dtype, device=model.device)) for _ in range(cfg.num_layers)]
 
-    def _host_batch(self, scheduled: list[tuple[Sequence, int]], pad_tables: bool = True):
+    def _host_batch(self, scheduled: list[tuple[Sequence, int]], pad_tables: bool = True,
+                    drafts: dict[int, list[int]] | None = None):
         """The step's flat batch as host lists: ids, positions, slots, cu_seqlens, seq_lens, block tables (padded
         to one width unless ``pad_tables`` is False), logits rows, and the sequences whose next token is
-        sampled."""
+        sampled. A sequence with ``drafts[seq_id]`` (k speculative tokens, only for one whose chunk reaches its
+        end) also computes those k tokens after its own, and gets k + 1 logits rows: the last k + 1 of its chunk."""
         bs = self.block_size
+        drafts = drafts or {}
         ids, positions, slots, cu, seq_lens, sampled, logits_rows = [], [], [], [0], [], [], []
         for seq, n in scheduled:
             start = seq.num_computed_tokens
             tokens = seq.token_ids
             ids.extend(tokens[start:start + n])
+            extra = drafts.get(seq.seq_id, ()) if start + n == len(seq) else ()
+            ids.extend(extra)
+            n += len(extra)
             pos = range(start, start + n)
             positions.extend(pos)
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in pos)
             cu.append(cu[-1] + n)
             seq_lens.append(start + n)
-            if start + n == len(seq):  # the chunk reaches the end: its last row predicts the next token
+            if start + n == len(seq) + len(extra):  # the chunk reaches the end: its last rows predict the next
                 sampled.append(seq)
-                logits_rows.append(cu[-1] - 1)
+                logits_rows.extend(range(cu[-1] - 1 - len(extra), cu[-1]))
         if pad_tables:
             width = max(len(s.block_table) for s, _ in scheduled)
             tables = [s.block_table + [0] * (width - len(s.block_table)) for s, _ in scheduled]
@@ -52,9 +58,11 @@ class ModelRunner:
             tables = [s.block_table for s, _ in scheduled]
         return ids, positions, slots, cu, seq_lens, tables, logits_rows, sampled
 
-    def build_batch(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, ForwardBatch, list[Sequence]]:
-        """Flatten the step's new tokens; also return the sequences whose next token is to be sampled."""
-        ids, positions, slots, cu, seq_lens, tables, logits_rows, sampled = self._host_batch(scheduled)
+    def build_batch(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, list[int]] | None = None
+                    ) -> tuple[torch.Tensor, ForwardBatch, list[Sequence]]:
+        """Flatten the step's new tokens (and any draft tokens, see ``_host_batch``); also return the sequences
+        whose next token is to be sampled."""
+        ids, positions, slots, cu, seq_lens, tables, logits_rows, sampled = self._host_batch(scheduled, True, drafts)
         up = self._upload
         batch = ForwardBatch(
             positions=up(positions, torch.int64),
@@ -62,7 +70,7 @@ class ModelRunner:
             block_tables=up(tables, torch.int32),
             seq_lens=up(seq_lens, torch.int32),
             cu_seqlens_q=up(cu, torch.int32),
-            is_decode=all(n == 1 for _, n in scheduled),
+            is_decode=len(ids) == len(scheduled),
             logits_indices=up(logits_rows, torch.int64),
         )
         return up(ids, torch.int64), batch, sampled
@@ -83,15 +91,18 @@ class ModelRunner:
         self.graphs = graphs if graphs.graphs else None
 
     @torch.inference_mode()
-    def run(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
-        """Compute the step; returns fp32 logits [len(sampled), vocab] and the sequences they belong to."""
+    def run(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, list[int]] | None = None
+            ) -> tuple[torch.Tensor, list[Sequence]]:
+        """Compute the step; returns fp32 logits [rows, vocab] and the sequences they belong to: one row per
+        sampled sequence, or 1 + k consecutive rows for one verifying k ``drafts`` (speculative steps run eagerly)."""
+        drafts = {i: d for i, d in (drafts or {}).items() if d}
         bucket = None
-        if self.graphs is not None and all(n == 1 for _, n in scheduled):
+        if self.graphs is not None and not drafts and all(n == 1 for _, n in scheduled):
             bucket = self.graphs.bucket_for(len(scheduled))
         if bucket is not None:
             ids, positions, slots, _, seq_lens, tables, _, sampled = self._host_batch(scheduled, pad_tables=False)
             return self.graphs.run(bucket, ids, positions, slots, tables, seq_lens), sampled
-        ids, batch, sampled = self.build_batch(scheduled)
+        ids, batch, sampled = self.build_batch(scheduled, drafts)
         hidden = self.model.forward(ids, batch, self.kv_caches)
         if not sampled:
             return hidden.new_empty((0, 0), dtype=torch.float32), sampled

@@ -1,10 +1,16 @@
 """Token sampling from a batch of logits, each row with its own SamplingParams.
 
-Greedy rows (temperature 0) take the argmax. The others divide by their temperature, apply top-k, then
+First each row's penalties (presence, frequency, repetition) and logits processors adjust its logits (rows
+without them are not touched or copied). Greedy rows (temperature 0) take the argmax. The others divide by their
+temperature, apply top-k, then
 top-p (on the top-k survivors, renormalised), then min-p, and draw with the exponential race: the token is
 argmax(p_i / e_i) with e_i ~ Exp(1), which picks token i with probability p_i. A seeded request draws its
 e_i from its own generator (made from ``params.seed`` on first use and kept on the sequence), so its tokens
 do not depend on what it is batched with; unseeded rows share the sampler's generator.
+
+Log-probabilities (``sample_with_logprobs``, rows whose params ask for them) are those of the raw logits, before
+penalties, processors and temperature (vLLM's default); only each row's top-k ids and values leave the device,
+so their memory does not grow with the vocabulary.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import torch
 
 from .sequence import Sequence
+
+TokenLogprobs = tuple[float, int, list[tuple[int, float]]]  # (sampled token's logprob, its rank, top-k pairs)
 
 
 class Sampler:
@@ -25,6 +33,7 @@ class Sampler:
             raise ValueError(f"Sampler.sample: logits must be [len(seqs), vocab], got {tuple(logits.shape)} "
                              f"for {len(seqs)} sequences")
         device = logits.device
+        logits = _process(logits, seqs)
         params = [s.params for s in seqs]
         greedy = [i for i, p in enumerate(params) if p.greedy]
         rand = [i for i, p in enumerate(params) if not p.greedy]
@@ -36,21 +45,33 @@ class Sampler:
             out[g] = logits[g].argmax(dim=-1)
         r = torch.tensor(rand, device=device) if greedy else None
         x = (logits if r is None else logits[r]).float()
-        rp = [params[i] for i in rand]
-        # The floor keeps logits / T finite for absurdly small temperatures (it is greedy in effect there).
-        temperature = torch.tensor([p.temperature for p in rp], device=device).clamp_min_(1e-5)
-        x = x / temperature.unsqueeze(1)
-        if any(p.top_k > 0 or p.top_p < 1 for p in rp):
-            x = _top_k_top_p(x, [p.top_k for p in rp], [p.top_p for p in rp])
-        probs = x.softmax(dim=-1)
-        if any(p.min_p > 0 for p in rp):
-            min_p = torch.tensor([p.min_p for p in rp], device=device).unsqueeze(1)
-            probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        probs = sampling_probs(x, [params[i] for i in rand])
         out_r = (probs / self._exponentials(probs, [seqs[i] for i in rand])).argmax(dim=-1)
         if r is None:
             return out_r
         out[r] = out_r
         return out
+
+    def sample_with_logprobs(self, logits: torch.Tensor, seqs: list[Sequence]
+                             ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """The sampled token ids as a host list and, per row, its TokenLogprobs (None for rows not asking)."""
+        tokens = self.sample(logits, seqs)
+        want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        host = tokens.tolist()
+        if not want:
+            return host, [None] * len(seqs)
+        rows = torch.tensor(want, device=logits.device)
+        lp = logits[rows].float().log_softmax(dim=-1)
+        chosen = lp.gather(1, tokens[rows].unsqueeze(1))
+        rank = (lp > chosen).sum(dim=-1) + 1
+        k = max(seqs[i].params.logprobs for i in want)
+        top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], rows.new_empty((len(want), 0)))
+        chosen, rank, top_v, top_i = chosen.squeeze(1).tolist(), rank.tolist(), top_v.tolist(), top_i.tolist()
+        out: list[TokenLogprobs | None] = [None] * len(seqs)
+        for j, i in enumerate(want):
+            kk = seqs[i].params.logprobs
+            out[i] = (chosen[j], rank[j], list(zip(top_i[j][:kk], top_v[j][:kk], strict=True)))
+        return host, out
 
     def _exponentials(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         q = torch.empty_like(probs)
@@ -69,10 +90,51 @@ class Sampler:
         return q.clamp_min_(torch.finfo(q.dtype).tiny)
 
 
+def sampling_probs(x: torch.Tensor, params: list) -> torch.Tensor:
+    """The distribution each row of fp32 logits ``x`` is sampled from under its SamplingParams (non-greedy):
+    temperature, then top-k, then top-p, then min-p (filtered tokens get probability 0; rows not renormalised
+    after min-p). Speculative decoding's rejection sampler uses it as the target distribution."""
+    device = x.device
+    # The floor keeps logits / T finite for absurdly small temperatures (it is greedy in effect there).
+    temperature = torch.tensor([p.temperature for p in params], device=device).clamp_min_(1e-5)
+    x = x / temperature.unsqueeze(1)
+    if any(p.top_k > 0 or p.top_p < 1 for p in params):
+        x = _top_k_top_p(x, [p.top_k for p in params], [p.top_p for p in params])
+    probs = x.softmax(dim=-1)
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+    return probs
+
+
 def _seq_generator(seq: Sequence, device: torch.device) -> torch.Generator:
     if seq.generator is None:
         seq.generator = torch.Generator(device=device).manual_seed(seq.params.seed)
     return seq.generator
+
+
+def _process(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Apply penalties and logits processors to the rows that have them (a copy; the input is not changed)."""
+    rows = [i for i, s in enumerate(seqs) if s.params.has_penalties or s.params.logits_processors]
+    if not rows:
+        return logits
+    x = logits.float().clone()
+    vocab, device = x.shape[1], x.device
+    for i in rows:
+        p, seq = seqs[i].params, seqs[i]
+        if p.has_penalties:
+            row = x[i]
+            if p.repetition_penalty != 1:
+                seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.int64, device=device)
+                vals = row[seen]
+                row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+            if seq.output_token_ids and (p.presence_penalty or p.frequency_penalty):
+                out = torch.tensor(seq.output_token_ids, dtype=torch.int64, device=device)
+                counts = torch.bincount(out, minlength=vocab).to(row.dtype)
+                row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+        for proc in p.logits_processors:
+            x[i] = proc(seq.output_token_ids, x[i])
+    return x
 
 
 def _top_k_top_p(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

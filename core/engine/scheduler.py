@@ -26,6 +26,9 @@ class SchedulerOutput:
 
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # Speculative decoding: seq_id -> slots reserved past this step's tokens for draft tokens (see
+    # Scheduler.num_lookahead_slots); absent for sequences that got none.
+    lookahead: dict[int, int] = field(default_factory=dict)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -58,6 +61,8 @@ class Scheduler:
         self.cache_capacity = block_manager.num_blocks * block_manager.block_size
         self.max_seq_len = min(max_model_len or math.inf, self.cache_capacity)
         self.waiting: deque[Sequence] = deque()
+        # Set by a speculative engine before each step: how many draft tokens each decoding sequence may verify.
+        self.num_lookahead_slots = 0
         self.running: list[Sequence] = []  # in admission order, oldest first
 
     # ---- queue management -------------------------------------------------------------------------------
@@ -140,6 +145,8 @@ class Scheduler:
             n = min(len(seq) - seq.num_computed_tokens, budget)
             out.scheduled.append((seq, n))
             budget -= n
+        if self.num_lookahead_slots:
+            self._reserve_lookahead(out, budget)
         return out
 
     def update(self, scheduled: list[tuple[Sequence, int]] | SchedulerOutput,
@@ -178,6 +185,23 @@ class Scheduler:
         if len(seq.output_token_ids) >= p.max_tokens or len(seq) >= self.max_seq_len:
             return "length"
         return None
+
+    def _reserve_lookahead(self, out: SchedulerOutput, budget: int) -> None:
+        """Reserve slots for up to ``num_lookahead_slots`` draft tokens after each decoding sequence's token,
+        from the budget and free blocks left once everything else is scheduled: speculation never preempts or
+        delays a request. The engine trims what the verification rejects (BlockManager.trim)."""
+        bm = self.block_manager
+        for seq, n in out.scheduled:
+            if budget <= 0:
+                break
+            if seq.num_computed_tokens + n != len(seq) or n != 1:  # only decodes speculate
+                continue
+            room = (len(seq.block_table) + bm.num_free_blocks) * bm.block_size - len(seq)
+            ahead = min(self.num_lookahead_slots, room, budget, self.max_seq_len - len(seq))  # no slot past the context
+            if ahead > 0:
+                bm.append_slots(seq, n + ahead)
+                out.lookahead[seq.seq_id] = ahead
+                budget -= ahead
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

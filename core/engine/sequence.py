@@ -42,6 +42,13 @@ class Sequence:
         self.block_hashes: list[bytes] = []
         self.num_hashed_blocks = 0
         self.generator = None  # the per-request torch.Generator of a seeded request, made by the Sampler
+        # Speculative decoding with a draft model: leading tokens whose K/V are in the draft model's own cache
+        # (which shares this block_table). Reset whenever the blocks are freed or allocated anew.
+        self.num_draft_computed_tokens = 0
+        # Speculative decoding backs off a sequence whose drafts keep being rejected: decode steps left without
+        # drafting, and the number of consecutive fully rejected drafts.
+        self.spec_backoff = 0
+        self.spec_misses = 0
 
     @property
     def token_ids(self) -> list[int]:

@@ -125,6 +125,10 @@ class EngineStats:
             rec.finish = now
             self.finished.append(self._active.pop(seq_id))
 
+    def drop(self, seq_id: int) -> None:
+        """Forget an in-flight request (aborted): it is not counted among the finished ones."""
+        self._active.pop(seq_id, None)
+
     # ---- summaries --------------------------------------------------------------------------------------
     @property
     def kv_waste_mean(self) -> float:

@@ -50,7 +50,7 @@ _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endof
 
 
 @lru_cache(maxsize=1)
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (the alphabet byte-level vocabularies are written in)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -67,7 +67,7 @@ def _byte_level(tokens: list[str], merges: list[str], pre: str) -> tuple[RawToke
     if pre not in _PRE:
         raise ModelLoadError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(sorted(_PRE))}. "
                              "Use the model's HF directory (with tokenizer.json) instead.")
-    spelling = _bytes_to_unicode()
+    spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     # A token written outside the byte alphabet (some converters store plain text) is re-spelled into it.
     spelled = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]

@@ -8,12 +8,13 @@ import dataclasses
 import torch
 
 from engine.core.ops.norm import fused_add_rms_norm, rms_norm
+from engine.core.ops.registry import CallSite
 from engine.core.ops.rotary import build_cos_sin_cache
 
 from .attention import SelfAttention
 from .batch import ForwardBatch
 from .config import SUPPORTED_ARCHS, ModelConfig
-from .layers import embed, linear
+from .layers import Embedding, Linear
 from .mlp import GatedMLP, SparseMoE
 from .weights import QuantizedWeight, to_device
 
@@ -29,15 +30,17 @@ class DecoderLayer:
             self.mlp = SparseMoE(cfg, w, p)
         else:
             self.mlp = GatedMLP(*(w[f"{p}mlp.{n}_proj.weight"] for n in ("gate", "up", "down")))
+        self.first_norm, self.add_norm_in, self.add_norm_post = (CallSite(rms_norm), CallSite(fused_add_rms_norm),
+                                                                 CallSite(fused_add_rms_norm))
 
-    def __call__(self, x, residual, batch, kv):
+    def __call__(self, key, x, residual, batch, kv):
         if residual is None:
-            residual, x = x, rms_norm(x, self.input_norm, self.eps)
+            residual, x = x, self.first_norm(key, x, self.input_norm, self.eps)
         else:
-            x, residual = fused_add_rms_norm(x, residual, self.input_norm, self.eps)
-        x = self.attn(x, batch, kv)
-        x, residual = fused_add_rms_norm(x, residual, self.post_norm, self.eps)
-        return self.mlp(x), residual
+            x, residual = self.add_norm_in(key, x, residual, self.input_norm, self.eps)
+        x = self.attn(key, x, batch, kv)
+        x, residual = self.add_norm_post(key, x, residual, self.post_norm, self.eps)
+        return self.mlp(key, x), residual
 
 
 class DecoderModel:
@@ -68,14 +71,22 @@ class DecoderModel:
         self.lm_head = weights.get("lm_head.weight", self.embed_tokens if cfg.tie_word_embeddings else None)
         if self.lm_head is None:
             raise ValueError("the checkpoint has no lm_head.weight and does not tie embeddings")
+        # Each op call site resolves its kernel once per step shape (CallSite), not on every call.
+        self.embed_site = Embedding(self.embed_tokens, dtype)
+        self.final_norm = CallSite(fused_add_rms_norm)
+        self.lm_head_site = Linear(self.lm_head)
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, kv_caches) -> torch.Tensor:
-        x = embed(input_ids, self.embed_tokens, self.dtype)
+        # Every op argument's dtype, device, shape and contiguity in this step follows from these (the weights,
+        # caches and dtype are fixed): the key each CallSite caches its kernel choice under.
+        tables = batch.block_tables.shape
+        key = (input_ids.shape[0], tables[0], tables[1] if len(tables) > 1 else 0, batch.is_decode)
+        x = self.embed_site(key, input_ids)
         residual = None
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, batch, kv)
-        x, _ = fused_add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)
+            x, residual = layer(key, x, residual, batch, kv)
+        x, _ = self.final_norm(key, x, residual, self.norm, self.cfg.rms_norm_eps)
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.lm_head).float()
+        return self.lm_head_site((hidden.shape, hidden.is_contiguous()), hidden).float()

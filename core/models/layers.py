@@ -1,4 +1,5 @@
-"""Building blocks shared by the model families: linear and embedding over plain or GGUF weights."""
+"""Building blocks shared by the model families: linear and embedding over plain or GGUF weights, one object per
+call site (see CallSite)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,42 @@ import torch.nn.functional as F
 
 from engine.core.ops.gguf_q8act import gguf_linear_q8act
 from engine.core.ops.gguf_quant import gguf_dequantize, gguf_linear
+from engine.core.ops.registry import CallSite
 
 from .weights import QuantizedWeight, Weight
 
 
-def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w^T (+ bias); GGUF-quantized weights go through the platform's quantized linear op."""
-    if isinstance(w, QuantizedWeight):
-        op = gguf_linear_q8act if w.quantize_activations else gguf_linear
-        y = op(x, w.raw, w.qtype, w.cols)
-        return y if bias is None else y + bias
-    return F.linear(x, w, bias)
+class Linear:
+    """``linear`` at one call site of a model: ``self(key, x)`` with the step's shape key (see CallSite), so the
+    quantized kernel is looked up once per step shape instead of dispatched on every call."""
+
+    __slots__ = ("w", "bias", "site", "raw", "qtype", "cols")
+
+    def __init__(self, w: Weight, bias: torch.Tensor | None = None):
+        self.w, self.bias = w, bias
+        self.site = None
+        if isinstance(w, QuantizedWeight):
+            self.site = CallSite(gguf_linear_q8act if w.quantize_activations else gguf_linear)
+            self.raw, self.qtype, self.cols = w.raw, w.qtype, w.cols
+
+    def __call__(self, key, x: torch.Tensor) -> torch.Tensor:
+        if self.site is None:
+            return F.linear(x, self.w, self.bias)
+        y = self.site(key, x, self.raw, self.qtype, self.cols)
+        return y if self.bias is None else y + self.bias
+
+
+class Embedding:
+    """``embed`` at one call site (see Linear)."""
+
+    def __init__(self, w: Weight, dtype: torch.dtype):
+        self.w, self.dtype = w, dtype
+        self.site = CallSite(gguf_dequantize) if isinstance(w, QuantizedWeight) else None
+
+    def __call__(self, key, ids: torch.Tensor) -> torch.Tensor:
+        if self.site is None:
+            return F.embedding(ids, self.w).to(self.dtype)
+        return self.site(key, self.w.raw[ids], self.w.qtype, self.w.cols, self.dtype)
 
 
 def stack_rows(*ws: Weight) -> Weight | None:
@@ -33,13 +59,6 @@ def stack_rows(*ws: Weight) -> Weight | None:
         return None
     return QuantizedWeight(torch.cat([w.raw for w in ws]), first.qtype, sum(w.rows for w in ws), first.cols,
                            first.quantize_activations)
-
-
-def embed(ids: torch.Tensor, w: Weight, dtype: torch.dtype) -> torch.Tensor:
-    """Rows ``ids`` of the embedding table, in ``dtype`` (quantized tables dequantize only those rows)."""
-    if isinstance(w, QuantizedWeight):
-        return gguf_dequantize(w.raw[ids], w.qtype, w.cols, dtype)
-    return F.embedding(ids, w).to(dtype)
 
 
 def out_features(w: Weight) -> int:

@@ -6,9 +6,10 @@ import torch
 
 from engine.core.ops.activation import silu_and_mul
 from engine.core.ops.moe import fused_moe
+from engine.core.ops.registry import CallSite
 
 from .config import ModelConfig
-from .layers import linear, stack_rows
+from .layers import Linear, stack_rows
 from .weights import QuantizedWeight
 
 
@@ -16,29 +17,18 @@ class GatedMLP:
     """down(silu(gate(x)) * up(x))."""
 
     def __init__(self, gate, up, down):
-        self.gate_up = _stack_rows(gate, up)
-        self.down = down
+        stacked = stack_rows(gate, up)  # one [2I, H] GEMM for gate and up where they can share one
+        self.gate_up = [Linear(stacked)] if stacked is not None else [Linear(gate), Linear(up)]
+        self.down = Linear(down)
+        self.act = CallSite(silu_and_mul)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gu = _linear_pair(x, self.gate_up) if isinstance(self.gate_up, _Pair) else linear(x, self.gate_up)
-        return linear(silu_and_mul(gu), self.down)
-
-
-def _stack_rows(a, b):
-    """One [2I, H] matrix for gate and up, so the two projections are one GEMM."""
-    stacked = stack_rows(a, b)
-    return _Pair(a, b) if stacked is None else stacked
-
-
-class _Pair:
-    """Gate and up kept apart (mixed quantization types); ``linear`` on it is two GEMMs."""
-
-    def __init__(self, a, b):
-        self.a, self.b = a, b
-
-
-def _linear_pair(x, w):
-    return torch.cat([linear(x, w.a), linear(x, w.b)], dim=-1)
+    def __call__(self, key, x: torch.Tensor) -> torch.Tensor:
+        """``key``: the step's shape key (see CallSite)."""
+        if len(self.gate_up) == 1:
+            gu = self.gate_up[0](key, x)
+        else:  # mixed quantization types: two GEMMs
+            gu = torch.cat([lin(key, x) for lin in self.gate_up], dim=-1)
+        return self.down(key, self.act(key, gu))
 
 
 class SparseMoE:
@@ -51,7 +41,8 @@ class SparseMoE:
         experts = [[w[f"{base}experts.{e}.{n}.weight"] for n in names] for e in range(cfg.num_experts)]
         if any(isinstance(t, QuantizedWeight) for ex in experts for t in ex):
             raise ValueError("quantized MoE experts are not supported yet; load the model with dequantize=True")
-        self.router = w[base + "gate.weight"]
+        self.router = Linear(w[base + "gate.weight"])
+        self.moe = CallSite(fused_moe)
         self.w13 = torch.stack([torch.cat([g, u]) for g, u, _ in experts])
         self.w2 = torch.stack([d for _, _, d in experts])
         self.top_k = cfg.num_experts_per_tok
@@ -60,10 +51,10 @@ class SparseMoE:
         if base + "shared_expert.gate_proj.weight" in w:
             s = base + "shared_expert."
             self.shared = GatedMLP(w[s + "gate_proj.weight"], w[s + "up_proj.weight"], w[s + "down_proj.weight"])
-            self.shared_gate = w[base + "shared_expert_gate.weight"]
+            self.shared_gate = Linear(w[base + "shared_expert_gate.weight"])
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = fused_moe(x, self.w13, self.w2, linear(x, self.router), self.top_k, self.renormalize)
+    def __call__(self, key, x: torch.Tensor) -> torch.Tensor:
+        out = self.moe(key, x, self.w13, self.w2, self.router(key, x), self.top_k, self.renormalize)
         if self.shared is not None:
-            out = out + torch.sigmoid(linear(x, self.shared_gate)) * self.shared(x)
+            out = out + torch.sigmoid(self.shared_gate(key, x)) * self.shared(key, x)
         return out

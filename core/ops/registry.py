@@ -14,6 +14,7 @@ depend on anything else (not on values, not on strides beyond contiguity).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 _LIB = torch.library.Library("engine", "DEF")
+log = logging.getLogger("engine")
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,9 @@ class KernelRegistry:
         self._impls: dict[str, list[Impl]] = {}
         self._skipped: list[Skipped] = []
         self._cache: dict[tuple, Impl] = {}
+        self._told: set[str] = set()
         self._lock = threading.Lock()
+        self.epoch = 0  # bumped by register(): CallSite choices made before it are stale
 
     def register(self, op: OpDef | str, fn: Callable, *, name: str, supports: Callable | None = None,
                  priority: int = 0, platform: str | None = None, note: str = "", dtypes: tuple | None = None) -> Impl:
@@ -155,6 +159,7 @@ class KernelRegistry:
             lst.append(impl)
             lst.sort(key=lambda i: -i.priority)
             self._cache.clear()
+            self.epoch += 1
         return impl
 
     def skip(self, op: OpDef | str, name: str, reason: str, platform: str | None = None) -> None:
@@ -178,8 +183,23 @@ class KernelRegistry:
                 self._cache.clear()
             impl = next((i for i in self._impls.get(op.name, ()) if i.verdict(args) is None),
                         op.reference_impl)
+            if impl is op.reference_impl:
+                self._tell_reference(op, args)
             self._cache[key] = impl
         return impl
+
+    def _tell_reference(self, op: OpDef, args) -> None:
+        """Say once (per op and reasons) that a call the platform has kernels for fell to the plain-torch reference,
+        and why each kernel declined: a slow path is never silent."""
+        why = [f"{i.qualname}: {i.verdict(args)}" for i in self._impls.get(op.name, ())]
+        why += [f"{s.platform}.{s.name}: {s.reason}" for s in self._skipped if s.op == op.name]
+        if not why:  # the platform offers nothing for this op: the reference is its implementation
+            return
+        message = (f"engine: warning: op {op.name} runs on its plain-torch reference (slow) on platform "
+                   f"{self.platform!r}: " + "; ".join(why))
+        if message not in self._told:
+            self._told.add(message)
+            log.warning("%s", message)
 
     def explain(self, op: OpDef, args) -> list[tuple[Impl, str | None]]:
         """Every candidate (the reference last) with None if it would accept ``args``, else why not."""
@@ -187,6 +207,43 @@ class KernelRegistry:
 
 
 _ACTIVE: KernelRegistry | None = None
+_MAX_SITE_CHOICES = 256
+
+
+class CallSite:
+    """One place a model calls an op (layer 7's o_proj, say), with the implementation chosen there per step shape.
+
+    ``site(key, *args)`` calls the op. ``key`` is computed once per forward step by the caller and must determine
+    everything ``select`` looks at for this site's arguments (dtypes, devices, shapes, contiguity): for a model's
+    layer, the step's token count, sequence count and block-table width do, since the weights are fixed. The first
+    call with a key resolves the implementation through the active registry (``select``: supports(), the reference
+    warning, the choice log); later calls cost one dict lookup instead of building a dispatch key from every
+    argument. A new active registry, or a kernel registered since, clears the choices.
+    """
+
+    __slots__ = ("op", "_registry", "_epoch", "_choices")
+
+    def __init__(self, op: OpDef):
+        self.op = op
+        self._registry: KernelRegistry | None = None
+        self._epoch = -1
+        self._choices: dict = {}
+
+    def __call__(self, key, *args):
+        registry = _ACTIVE
+        if registry is None or registry is not self._registry or registry.epoch != self._epoch:
+            registry = active_registry()
+            self._registry, self._epoch, self._choices = registry, registry.epoch, {}
+        fn = self._choices.get(key)
+        if fn is None:
+            if len(self._choices) >= _MAX_SITE_CHOICES:  # many distinct prefill lengths: start over
+                self._choices.clear()
+            fn = self._choices[key] = registry.select(self.op, args).fn
+        return fn(*args)
+
+    def chosen(self) -> dict:
+        """{key: implementation function} chosen so far (for tests and tools)."""
+        return dict(self._choices)
 
 
 def set_active_registry(registry: KernelRegistry | None) -> None:

@@ -8,7 +8,7 @@ import torch
 
 from engine.core.platform import Platform
 
-from . import cpu_model_name, probe, read_cpuinfo
+from . import config, cpu_model_name, probe, read_cpuinfo
 
 
 class CpuPlatform(Platform):
@@ -17,6 +17,17 @@ class CpuPlatform(Platform):
     priority = 10
     description = "host CPU; native C++ kernels with runtime ISA dispatch"
     dist_backend = "gloo"
+
+    def __init__(self):
+        # Settings are checked here, when the platform is chosen, so a bad ENGINE_CPU_ISA / ENGINE_NUM_THREADS is
+        # an error from LLM(), `engine generate`, `bench` and `doctor` alike, never a quiet fall-back to the
+        # plain-torch references.
+        for warning in config.check_env():
+            config.warn_once(warning)
+        why = config.check_native()
+        if why is not None:
+            config.warn_once(f"{why}; every op runs on its plain-torch reference (slow). Rebuild with "
+                             "`pip install -e .` or see `engine doctor`.")
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:

@@ -10,21 +10,22 @@ from tests.plugin_helpers import REPO, run_engine
 
 
 def test_generate_answers_a_question_with_the_default_model():
-    proc = run_engine(["generate", "--max-tokens", "12", "What is the capital of France?"])
+    proc = run_engine(["generate", "--temperature", "0", "--max-tokens", "12", "What is the capital of France?"])
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
 
 
 def test_prompts_from_stdin_and_from_a_file(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "ENGINE_PLATFORM"}
-    proc = subprocess.run([sys.executable, "-m", "engine.core.cli", "generate", "--max-tokens", "8"],
+    greedy = ["generate", "--temperature", "0", "--max-tokens", "8"]
+    proc = subprocess.run([sys.executable, "-m", "engine.core.cli", *greedy],
                           input="What is the capital of France?\n", capture_output=True, text=True, cwd=REPO,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
     f = tmp_path / "prompts.txt"
     f.write_text("What is the capital of France?\n\nName a color.\n")
-    proc = run_engine(["generate", "--max-tokens", "8", "--file", str(f)])
+    proc = run_engine(["generate", "--temperature", "0", "--max-tokens", "8", "--file", str(f)])
     assert proc.returncode == 0, proc.stderr
     first, second = proc.stdout.split("=== [1] Name a color.\n")
     assert first.startswith("=== [0] What is the capital of France?\n") and "Paris" in first

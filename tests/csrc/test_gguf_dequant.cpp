@@ -64,5 +64,5 @@ int main() {
     for (int qtype : {kQ4_0, kQ4_1, kQ8_0})
       for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 32}, {3, 64}, {7, 576}, {5, 1536}})
         run(qtype, rows, cols, rng, isa);
-  });
+  }, {"rvv", "vsx"});
 }

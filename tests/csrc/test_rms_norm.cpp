@@ -44,5 +44,5 @@ int main() {
   return check::for_each_isa([&](const char* isa) {
     for (int64_t hidden : {1, 7, 16, 33, 576, 4099})
       for (bool fused : {false, true}) run(3, hidden, fused, rng, isa);
-  });
+  }, {"rvv", "vsx"});
 }

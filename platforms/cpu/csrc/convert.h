@@ -1,12 +1,13 @@
-// Scalar fp16 / bf16 conversions, bit-exact with torch (bf16: round to nearest even, NaN -> 0x7FC0).
+// Scalar fp16 / bf16 conversions, bit-exact with torch (round to nearest even; bf16 NaN -> 0x7FC0).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 namespace engine_cpu {
 
-enum class DType : int { F32 = 0, BF16 = 1 };
+enum class DType : int { F32 = 0, BF16 = 1, F16 = 2 };
 
 inline float bits_to_f32(uint32_t u) {
   float f;
@@ -27,6 +28,21 @@ inline float fp16_to_f32(uint16_t h) {
   if (exp != 0) return bits_to_f32(sign | ((exp + 112) << 23) | (mant << 13));
   const float sub = static_cast<float>(mant) * 5.9604644775390625e-8f;  // mant * 2^-24, exact
   return sign ? -sub : sub;
+}
+
+// Round to nearest even (as torch's .half()): overflow to inf, NaN -> 0x7E00 with the sign kept.
+inline uint16_t f32_to_fp16(float f) {
+  const uint32_t u = f32_to_bits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u;
+  if (a >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
+  if (a >= 0x38800000u) {  // a normal fp16 (>= 2^-14): rebias the exponent, round the 13 dropped bits
+    const uint32_t r = a - 0x38000000u;
+    return static_cast<uint16_t>(sign | ((r + 0x0fffu + ((r >> 13) & 1u)) >> 13));
+  }
+  // Subnormal or zero, in units of 2^-24 (scaling by a power of two is exact); lrint rounds half to even.
+  return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::lrint(bits_to_f32(a) * 16777216.0f)));
 }
 
 inline uint16_t load_fp16(const uint8_t* p) {

@@ -71,6 +71,9 @@ GgufLinearKernels kernels_for(Isa isa) {
     case Isa::Avx512: return gguf_linear_kernels_avx512();
     case Isa::Avx2: return gguf_linear_kernels_avx2();
 #endif
+#ifdef ENGINE_RVV
+    case Isa::Rvv: return gguf_linear_kernels_rvv();
+#endif
     default: return gguf_linear_kernels_scalar();
   }
 }

@@ -67,5 +67,8 @@ GgufLinearKernels gguf_linear_kernels_scalar();
 GgufLinearKernels gguf_linear_kernels_avx2();
 GgufLinearKernels gguf_linear_kernels_avx512();
 #endif
+#ifdef ENGINE_RVV
+GgufLinearKernels gguf_linear_kernels_rvv();
+#endif
 
 }  // namespace engine_cpu

@@ -85,6 +85,9 @@ GgufQ8Kernels kernels_for(Isa isa) {
 #ifdef ENGINE_ARM64
     case Isa::Neon: return gguf_q8_kernels_neon();
 #endif
+#ifdef ENGINE_RVV
+    case Isa::Rvv: return gguf_q8_kernels_rvv();
+#endif
     default: return gguf_q8_kernels_scalar();
   }
 }
@@ -99,6 +102,9 @@ const char* gguf_q8act_variant() {
     case Isa::Avx512: return cpu_has_avx512_vnni() ? "avx512_vnni" : "avx2";
     case Isa::Avx2: return "avx2";
     case Isa::Neon: return cpu_has_dotprod() ? "neon_dotprod" : "neon";
+#ifdef ENGINE_RVV
+    case Isa::Rvv: return "rvv";
+#endif
     default: return "scalar";
   }
 }

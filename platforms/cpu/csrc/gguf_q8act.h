@@ -56,6 +56,9 @@ GgufQ8Kernels gguf_q8_kernels_avx512();
 #ifdef ENGINE_ARM64
 GgufQ8Kernels gguf_q8_kernels_neon();
 #endif
+#ifdef ENGINE_RVV
+GgufQ8Kernels gguf_q8_kernels_rvv();
+#endif
 
 // The scalar quantizer's rounding of one block (shared by the SIMD tails and tests): writes q[32],
 // returns d; *isum receives sum(q).

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#ifdef ENGINE_ARM64
+#if defined(ENGINE_ARM64) || defined(ENGINE_RVV)
 #include <sys/auxv.h>
 #endif
 
@@ -18,6 +18,8 @@ const char* isa_name(Isa isa) {
     case Isa::Avx512: return "avx512";
     case Isa::Avx2: return "avx2";
     case Isa::Neon: return "neon";
+    case Isa::Vsx: return "vsx";
+    case Isa::Rvv: return "rvv";
     default: return "scalar";
   }
 }
@@ -36,6 +38,14 @@ bool cpu_supports(Isa isa) {
 #endif
 #ifdef ENGINE_ARM64
   if (isa == Isa::Neon) return true;  // Advanced SIMD is mandatory on AArch64 Linux
+#endif
+#ifdef ENGINE_VSX
+  if (isa == Isa::Vsx) return true;  // the build targets a VSX CPU (every ppc64le ABI baseline has it)
+#endif
+#ifdef ENGINE_RVV
+  // The kernel sets bit (letter - 'A') of AT_HWCAP for each single-letter extension; riscv_hwprobe
+  // is missing under QEMU 7.2 and in Debian 12's headers.
+  if (isa == Isa::Rvv) return (getauxval(AT_HWCAP) >> ('V' - 'A') & 1) != 0;
 #endif
   return false;
 }
@@ -60,7 +70,7 @@ bool cpu_has_avx512_vnni() {
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Scalar})
+  for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Vsx, Isa::Rvv, Isa::Scalar})
     if (cpu_supports(isa)) out.push_back(isa);
   return out;
 }
@@ -72,9 +82,12 @@ void set_isa(const std::string& name) {
   if (name == "avx512") isa = Isa::Avx512;
   else if (name == "avx2") isa = Isa::Avx2;
   else if (name == "neon") isa = Isa::Neon;
+  else if (name == "vsx") isa = Isa::Vsx;
+  else if (name == "rvv") isa = Isa::Rvv;
   else if (name == "scalar") isa = Isa::Scalar;
   else
-    throw std::invalid_argument("unknown CPU ISA '" + name + "'; expected one of: avx512, avx2, neon, scalar");
+    throw std::invalid_argument("unknown CPU ISA '" + name +
+                                "'; expected one of: avx512, avx2, neon, vsx, rvv, scalar");
   if (!cpu_supports(isa)) {
     std::string have;
     for (Isa s : supported_isas()) have += std::string(have.empty() ? "" : ", ") + isa_name(s);

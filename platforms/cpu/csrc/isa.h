@@ -11,12 +11,22 @@
 #if defined(__aarch64__) && defined(__GNUC__)
 #define ENGINE_ARM64 1
 #endif
+#if defined(__powerpc64__) && defined(__VSX__) && defined(__GNUC__)
+#define ENGINE_VSX 1
+#endif
+// RVV kernels are compiled with -march=...v for their own files only (the rest stays rv64gc, so a CPU
+// without V runs the scalar paths); the build defines ENGINE_BUILD_RVV for every file when it does so.
+#if defined(__riscv) && defined(ENGINE_BUILD_RVV) && defined(__GNUC__)
+#define ENGINE_RVV 1
+#endif
 
 namespace engine_cpu {
 
 // Neon is AArch64's Advanced SIMD (always present there); kernels that also want the int8 dot-product
 // instructions (SDOT/UDOT, Armv8.2 dotprod) ask cpu_has_dotprod() and keep a plain-NEON path.
-enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3 };
+// Vsx: POWER's vector-scalar extension (ppc64le builds have it); Rvv: RISC-V V 1.0, compiled only
+// with -march=...v and used when AT_HWCAP has the 'V' bit.
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, Vsx = 4, Rvv = 5 };
 
 const char* isa_name(Isa isa);
 // ISA variants compiled into this binary that the running CPU (and OS) can execute, best first.
@@ -28,7 +38,7 @@ bool cpu_has_dotprod();
 bool cpu_has_avx512_vnni();
 // The variant the kernels use now. Initially ENGINE_CPU_ISA if set, else the best supported.
 Isa current_isa();
-// Select a variant by name (avx512, avx2, neon, scalar); throws std::invalid_argument for an unknown
+// Select a variant by name (avx512, avx2, neon, vsx, rvv, scalar); throws std::invalid_argument for an unknown
 // name and std::runtime_error when this CPU or build cannot run it.
 void set_isa(const std::string& name);
 // Apply ENGINE_CPU_ISA (if set) or pick the best; called once at module import.

@@ -21,6 +21,7 @@ void bind_gguf_linear(py::module_& m);  // bind_gguf_linear.cpp
 void bind_attention(py::module_& m);  // bind_attention.cpp
 void bind_small_ops(py::module_& m);  // bind_small_ops.cpp
 void bind_moe(py::module_& m);  // bind_moe.cpp
+void bind_fp16(py::module_& m);  // bind_fp16.cpp
 }  // namespace engine_cpu
 
 namespace {
@@ -101,4 +102,5 @@ PYBIND11_MODULE(_native, m) {
   bind_attention(m);
   bind_small_ops(m);
   bind_moe(m);
+  bind_fp16(m);
 }

@@ -1,5 +1,6 @@
 // Paged attention: argument validation, the split into tiles, scheduling, and the merge of key
-// partitions. The per-tile math lives in paged_attention_{scalar,avx2,avx512}.cpp.
+// partitions. The per-tile math is paged_attention_impl.h, instantiated per ISA by
+// paged_attention_{scalar,avx2,avx512,neon,vsx}.cpp.
 #include "paged_attention.h"
 
 #include <algorithm>
@@ -24,6 +25,12 @@ TileFn tile_fn() {
 #ifdef ENGINE_X86
     case Isa::Avx512: return attn_tile_avx512;
     case Isa::Avx2: return attn_tile_avx2;
+#endif
+#ifdef ENGINE_ARM64
+    case Isa::Neon: return attn_tile_neon;
+#endif
+#ifdef ENGINE_VSX
+    case Isa::Vsx: return attn_tile_vsx;
 #endif
     default: return attn_tile_scalar;
   }

@@ -83,6 +83,12 @@ void attn_tile_scalar(const AttnTile& t);
 void attn_tile_avx2(const AttnTile& t);
 void attn_tile_avx512(const AttnTile& t);
 #endif
+#ifdef ENGINE_ARM64
+void attn_tile_neon(const AttnTile& t);
+#endif
+#ifdef ENGINE_VSX
+void attn_tile_vsx(const AttnTile& t);
+#endif
 
 struct KvWriteArgs {
   const void* key;

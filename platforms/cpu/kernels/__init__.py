@@ -2,9 +2,9 @@
 
 The native module ``engine.platforms.cpu._native`` takes raw addresses, sizes and strides; the
 modules here validate tensors (``supports``), allocate outputs and wrap the calls as op
-implementations. When the native module cannot be imported (not built, or ENGINE_CPU_ISA names an
-ISA this CPU lacks) every kernel is recorded as skipped with the reason, and the ops fall back to
-their references.
+implementations. When the native module cannot be imported (not built) every kernel is recorded as
+skipped with the reason, and the ops fall back to their references (the platform has warned); an
+ENGINE_CPU_ISA / ENGINE_NUM_THREADS the native module refuses is a CpuConfigError instead.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "rms_norm",
 
 def register(registry) -> None:
     """Register every native CPU kernel into ``registry``."""
-    try:
-        from engine.platforms.cpu import _native  # noqa: F401
-    except Exception as exc:  # recorded for `engine doctor`, never fatal
-        why = f"engine.platforms.cpu._native unavailable: {type(exc).__name__}: {exc}"
+    from engine.platforms.cpu import config, read_cpuinfo
+
+    why = config.check_native()  # a bad ENGINE_CPU_ISA raises; a missing build is recorded for `engine doctor`
+    if why is not None:
         for op in NATIVE_OPS:
             registry.skip(op, "native", why)
         return
-    from engine.platforms.cpu import read_cpuinfo
 
     from . import attention, gguf, moe, moe_bf16_amx, norm, small_ops
 

@@ -59,7 +59,7 @@ def run(model_dir):
     def _run(**kw):
         llm = LLM(model_dir, kv_cache_bytes=32 << 20, max_num_seqs=4, **kw)
         params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-        return llm, [o.token_ids for o in llm.generate(PROMPTS, params)]
+        return llm, [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
 
     return _run
 

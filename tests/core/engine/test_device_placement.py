@@ -49,8 +49,11 @@ def _tensors(obj, seen=None, path="llm"):
     elif isinstance(obj, dict):
         for k, x in obj.items():
             yield from _tensors(x, seen, f"{path}[{k!r}]")
-    elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("engine."):
-        for k, x in vars(obj).items():
+    elif type(obj).__module__.startswith("engine."):
+        attrs = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
+        for cls in type(obj).__mro__:  # __slots__ classes (the models' Linear) hold their tensors there
+            attrs.update({k: getattr(obj, k) for k in getattr(cls, "__slots__", ()) if hasattr(obj, k)})
+        for k, x in attrs.items():
             yield from _tensors(x, seen, f"{path}.{k}")
 
 

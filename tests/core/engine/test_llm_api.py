@@ -18,7 +18,7 @@ def llm():
 
 @pytest.fixture(scope="module")
 def free_text(llm):
-    out = llm.chat([{"role": "user", "content": PROMPT}], SamplingParams(temperature=0, max_tokens=24))[0]
+    out = llm.chat([{"role": "user", "content": PROMPT}], SamplingParams(temperature=0, max_tokens=24))[0].outputs[0]
     assert len(out.text) > 30, out.text
     return out.text
 
@@ -32,7 +32,7 @@ def test_stop_string_cuts_text_and_is_never_streamed(llm, free_text):
     deltas, final = [], None
     for u in llm.stream(prompt, params):
         deltas.append(u.delta_text)
-        final = u.output if u.finished else final
+        final = u.output.outputs[0] if u.finished else final
     assert final.finish_reason == "stop"
     assert final.text == free_text[:cut]
     assert "".join(deltas) == final.text
@@ -47,15 +47,15 @@ def test_streamed_deltas_add_up_to_the_text(llm, free_text):
 
 def test_seeded_sampling_is_reproducible_in_any_batch(llm):
     sp = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=10, ignore_eos=True)
-    alone = llm.generate("The weather today is", sp)[0].token_ids
+    alone = llm.generate("The weather today is", sp)[0].outputs[0].token_ids
     batched = llm.generate(["Tell me about cats.", "The weather today is", "1, 2, 3,"],
                            [SamplingParams(temperature=1.0, max_tokens=7), sp,
                             SamplingParams(temperature=0, max_tokens=6)])
-    assert batched[1].token_ids == alone
+    assert batched[1].outputs[0].token_ids == alone
 
 
 def test_max_tokens_ends_with_length(llm):
-    out = llm.generate("Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0]
+    out = llm.generate("Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0].outputs[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 5
 
 

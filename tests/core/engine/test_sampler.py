@@ -15,8 +15,11 @@ from engine.core.engine.sequence import Sequence
 DRAWS = 40_000
 
 
+NEUTRAL = {"temperature": 1.0, "top_p": 1.0}  # the plain softmax, whatever SamplingParams' defaults are
+
+
 def _seqs(n: int, **params) -> list[Sequence]:
-    p = SamplingParams(**params)
+    p = SamplingParams(**{**NEUTRAL, **params})
     return [Sequence([1], p) for _ in range(n)]
 
 
@@ -114,7 +117,7 @@ def test_per_row_params_in_one_batch():
     """Rows with different settings in one batch each follow their own distribution."""
     logits = torch.randn(10)
     settings = [{"temperature": 0.7}, {"top_k": 3}, {"min_p": 0.2}, {"temperature": 0.0}]
-    seqs = [Sequence([1], SamplingParams(**settings[i % 4])) for i in range(4 * 10_000)]
+    seqs = [Sequence([1], SamplingParams(**{**NEUTRAL, **settings[i % 4]})) for i in range(4 * 10_000)]
     out = Sampler().sample(logits.expand(len(seqs), -1).contiguous(), seqs)
     probs = torch.softmax(logits, -1)
     _assert_matches(out[0::4], torch.softmax(logits / 0.7, -1))

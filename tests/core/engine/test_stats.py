@@ -38,7 +38,7 @@ def test_one_chunked_request_step_by_step(llm, gen):
     p, o = rng.randint(BUDGET + 1, 4 * BUDGET), rng.randint(2, 6)
     llm.engine.stats.reset()
     out = llm.generate(_prompt(rng, p, llm.config.vocab_size), SamplingParams(temperature=0, max_tokens=o,
-                                                                               ignore_eos=True))[0]
+                                                                               ignore_eos=True))[0].outputs[0]
     assert len(out.token_ids) == o
     st = llm.engine.stats
     chunks = [min(BUDGET, p - i) for i in range(0, p, BUDGET)]

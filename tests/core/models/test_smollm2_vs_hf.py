@@ -54,8 +54,8 @@ def test_greedy_tokens_match_transformers_for_20_tokens(llm, hf_model):
     for ids, out in zip(prompts, outs, strict=True):
         with torch.no_grad():
             ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False)
-        assert len(out.token_ids) == 20, "the prompt should not end early: pick one with a long answer"
-        assert out.token_ids == ref[0, len(ids):].tolist()
+        assert len(out.outputs[0].token_ids) == 20, "the prompt should not end early: pick one with a long answer"
+        assert out.outputs[0].token_ids == ref[0, len(ids):].tolist()
 
 
 def test_q8_activations_stay_close_to_transformers(hf_model):

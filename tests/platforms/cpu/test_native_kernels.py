@@ -86,9 +86,10 @@ def test_isa_selection():
         assert ("avx2" in ISAS) == avx2
         assert ("avx512" in ISAS) == (avx2 and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags)
     assert ("neon" in ISAS) == (os.uname().machine == "aarch64")
-    with pytest.raises(ValueError, match="avx512, avx2, neon, scalar"):
+    assert ("vsx" in ISAS) == (os.uname().machine == "ppc64le")
+    with pytest.raises(ValueError, match="avx512, avx2, neon, vsx, rvv, scalar"):
         _native.set_isa("sse9")
-    for name in ("avx512", "avx2", "neon"):
+    for name in ("avx512", "avx2", "neon", "vsx", "rvv"):
         if name not in ISAS:  # runs only on a CPU that lacks the ISA
             with pytest.raises(RuntimeError, match=f"'{name}'.*cannot run it"):
                 _native.set_isa(name)

@@ -35,7 +35,7 @@ def _engine_tokens(model_dir, platform, prompts):
     llm = LLM(str(model_dir), platform=platform, dtype="float32", num_kv_blocks=128, block_size=16)
     log = KernelChoiceLog.install(active_registry())
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True))
-    return llm, [o.token_ids for o in outs], log.by_op()
+    return llm, [o.outputs[0].token_ids for o in outs], log.by_op()
 
 
 def test_greedy_tokens_equal_transformers_and_the_cpu_engine(model_dir, prompts):

@@ -1,0 +1,51 @@
+"""``engine serve``: the OpenAI-compatible HTTP server (FastAPI + uvicorn) on the async engine."""
+
+from __future__ import annotations
+
+import os
+
+
+def add_arguments(p) -> None:
+    from .cli_generate import add_model_arguments
+
+    add_model_arguments(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", help="the model id clients send (default: the model file's name)")
+    p.add_argument("--api-key", default=os.environ.get("ENGINE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $ENGINE_API_KEY; unset: no key)")
+    p.add_argument("--max-queue", type=int, default=1024,
+                   help="requests waiting for a slot before new ones get 503 with Retry-After")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences computed together in one step")
+    p.add_argument("--max-model-len", type=int, default=None, help="cap the context (default: the model's)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def model_name(llm, given: str | None) -> str:
+    if given:
+        return given
+    return os.path.splitext(os.path.basename(str(llm.checkpoint_source).rstrip("/")))[0] or "default"
+
+
+def run(args) -> int:
+    try:
+        import uvicorn
+
+        from .serving.app import build_app
+    except ImportError as exc:
+        raise RuntimeError(f"engine serve needs the serving extra: pip install 'engine[serve]' ({exc})") from exc
+    from .cli_generate import load_llm
+    from .engine.async_llm import AsyncLLM
+
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    llm = load_llm(args, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    async_llm = AsyncLLM(llm, max_queue=args.max_queue)
+    name = model_name(llm, args.served_model_name)
+    app = build_app(async_llm, name, api_key=args.api_key)
+    print(f"engine serve: model {name!r} on http://{args.host}:{args.port}/v1", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    finally:
+        async_llm.shutdown()
+    return 0

@@ -1,0 +1,35 @@
+"""Speculative decoding in the engine core: proposers (n-gram prompt lookup, a draft model), verification of all
+draft tokens in one target forward over the paged KV cache, and rejection sampling that keeps the target
+distribution exactly. ``LLM(speculative_config={...})`` turns it on (``build_speculator``)."""
+
+from __future__ import annotations
+
+from .config import SpeculativeConfig
+from .speculator import Speculator
+
+__all__ = ["SpeculativeConfig", "Speculator", "build_speculator"]
+
+
+def build_speculator(config: dict | SpeculativeConfig, llm) -> Speculator:
+    """A Speculator for ``llm`` (an engine.LLM whose scheduler and KV cache are built). For "draft_model" this
+    loads the draft checkpoint onto the target's device, with its own KV cache of the target's block geometry."""
+    config = SpeculativeConfig.from_dict(config)
+    draft = None
+    if config.method == "draft_model":
+        import torch
+
+        from engine.core.loader import load_checkpoint
+        from engine.core.models.decoder import DecoderModel
+
+        from .draft_model import DraftModelProposer
+
+        dtype = getattr(torch, config.dtype) if config.dtype else llm.model.dtype
+        ckpt = load_checkpoint(config.model, dtype=dtype, dequantize=config.dequantize)
+        if ckpt.config.vocab_size != llm.config.vocab_size:
+            raise ValueError(f"the draft model {ckpt.source!r} has a vocabulary of {ckpt.config.vocab_size} tokens "
+                             f"but the target has {llm.config.vocab_size}; the draft must share the target's "
+                             "tokenizer")
+        model = DecoderModel(ckpt.config, ckpt.weights, dtype, llm.model.device)
+        bm = llm.block_manager
+        draft = DraftModelProposer(model, bm.num_blocks, bm.block_size, llm.engine.sampler)
+    return Speculator(config, llm.scheduler, draft)

@@ -1,0 +1,1 @@
+"""``engine serve``: an OpenAI-compatible HTTP server (FastAPI + uvicorn) on the async engine."""

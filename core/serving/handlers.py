@@ -1,0 +1,241 @@
+"""Turning a validated OpenAI request into engine requests, and their updates into responses or stream chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from fastapi.responses import JSONResponse
+
+from engine.core.engine.async_llm import AsyncLLM
+from engine.core.engine.outputs import RequestOutput, StepUpdate
+
+from .formatting import FINISH_REASONS, chat_logprobs, completion_logprobs, sse, usage
+from .grammar import GrammarCompiler, GrammarError
+from .metrics import ServerMetrics
+from .protocol import ChatCompletionRequest, CompletionRequest
+
+
+class OpenAIError(Exception):
+    """An error answered as ``{"error": {...}}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class Handler:
+    def __init__(self, async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics):
+        self.async_llm, self.model_name, self.metrics = async_llm, model_name, metrics
+        self.llm = async_llm.llm
+        self._grammar: GrammarCompiler | None = None
+
+    async def completion(self, req: CompletionRequest) -> Job:
+        prompts = []
+        for p in req.prompts():
+            prompts.append(self.llm.tokenizer.encode(p) if isinstance(p, str) else list(p))
+        return await self._start("text_completion", "cmpl", req, prompts, req.max_tokens, req.logprobs, "prompt")
+
+    async def chat(self, req: ChatCompletionRequest) -> Job:
+        try:
+            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+            text = self.llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), param="messages") from exc
+        if req.top_logprobs is not None and not req.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        k = (req.top_logprobs or 0) if req.logprobs else None
+        ids = self.llm.tokenizer.encode(text, add_special_tokens=False)
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        return await self._start("chat.completion", "chatcmpl", req, [ids], max_tokens, k, "messages")
+
+    async def _start(self, kind, prefix, req, prompts: list[list[int]], max_tokens, k, prompt_param) -> Job:
+        ctx = self.llm.max_model_len
+        for ids in prompts:
+            if len(ids) >= ctx:
+                raise OpenAIError(400, f"the prompt has {len(ids)} tokens but the model's context is {ctx} "
+                                       "(prompt plus at least one generated token)", param=prompt_param,
+                                  code="context_length_exceeded")
+            if max_tokens is not None and len(ids) + max_tokens > ctx:
+                raise OpenAIError(400, f"max_tokens {max_tokens} plus the prompt's {len(ids)} tokens exceed the "
+                                       f"model's context of {ctx}; ask for at most {ctx - len(ids)}",
+                                  param="max_tokens", code="context_length_exceeded")
+        grammar = self._grammar_processor(req.response_format)
+        params = []
+        for ids in prompts:
+            try:
+                procs = [grammar.clone()] if grammar is not None else []
+                params.append(req.sampling_params(max_tokens or ctx - len(ids), k, procs))
+            except ValueError as exc:
+                raise OpenAIError(400, str(exc).removeprefix("invalid SamplingParams: ")) from exc
+        job = Job(self, kind, f"{prefix}-{uuid.uuid4().hex}", req.n, k,
+                  bool(req.stream_options and req.stream_options.include_usage), [len(p) for p in prompts])
+        for i, (ids, sp) in enumerate(zip(prompts, params, strict=True)):
+            try:
+                job.streams.append(await self.async_llm.add_request(ids, sp, f"{job.id}-{i}"))
+            except (ValueError, TypeError) as exc:
+                job.abort()
+                raise OpenAIError(400, str(exc), param=prompt_param) from exc
+            except BaseException:
+                job.abort()
+                raise
+        return job
+
+    def _grammar_processor(self, fmt):
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_schema" and (fmt.json_schema is None or fmt.json_schema.schema_ is None):
+            raise OpenAIError(400, "response_format json_schema needs json_schema.schema", param="response_format")
+        if self._grammar is None:
+            self._grammar = GrammarCompiler(self.llm.tokenizer, self.llm.config.vocab_size)
+        try:
+            return self._grammar.processor(fmt.json_schema.schema_ if fmt.type == "json_schema" else None)
+        except GrammarError as exc:
+            raise OpenAIError(400, str(exc), param="response_format.json_schema.schema") from exc
+
+
+class Job:
+    """One HTTP request's engine requests (one per prompt, each with n completions)."""
+
+    def __init__(self, handler: Handler, kind: str, id: str, n: int, k: int | None, include_usage: bool,
+                 prompt_lens: list[int]):
+        self.h, self.kind, self.id, self.n, self.k = handler, kind, id, n, k
+        self.include_usage, self.prompt_lens = include_usage, prompt_lens
+        self.created = int(time.time())
+        self.streams: list = []
+        self.arrival = time.perf_counter()
+        self._first = False
+        self._last: dict[int, float] = {}
+        self._tokens = 0
+        self._offsets: dict[int, int] = {}
+        self._finished = 0
+        self._counted: set[int] = set()
+
+    def abort(self) -> None:
+        for i in range(len(self.streams) + 1):
+            self.h.async_llm.abort(f"{self.id}-{i}")  # a no-op for finished (or never started) requests
+
+    # ---- bookkeeping -------------------------------------------------------------------------------------
+    def _track(self, i: int, u: StepUpdate) -> None:
+        now, m, idx = time.perf_counter(), self.h.metrics, i * self.n + u.index
+        if u.new_token_ids:
+            if not self._first:
+                self._first = True
+                m.ttft.observe(now - self.arrival)
+            elif idx in self._last:
+                m.itl.observe(now - self._last[idx])
+            self._last[idx] = now
+            self._tokens += len(u.new_token_ids)
+            m.on_tokens(len(u.new_token_ids))
+        if u.request_finished:
+            self._finished += 1
+            if self._finished == len(self.streams):
+                m.e2e.observe(now - self.arrival)
+            if i not in self._counted:
+                self._counted.add(i)
+                m.on_finished(u.output.outputs[0].finish_reason, len(u.output.prompt_token_ids),
+                              u.output.num_cached_tokens)
+
+    def _usage(self, outputs: list[RequestOutput] | None = None) -> dict:
+        cached = sum(o.num_cached_tokens for o in outputs) if outputs else 0
+        return usage(sum(self.prompt_lens), self._tokens, cached)
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.h.model_name}
+
+    # ---- whole responses ---------------------------------------------------------------------------------
+    async def collect(self) -> dict:
+        try:
+            finals = []
+            for i, stream in enumerate(self.streams):
+                final = None
+                async for u in stream:
+                    self._track(i, u)
+                    final = u.output
+                finals.append(final)
+        finally:
+            self.abort()
+        choices = []
+        for i, out in enumerate(finals):
+            for c in out.outputs:
+                choice = {"index": i * self.n + c.index, "finish_reason": FINISH_REASONS[c.finish_reason]}
+                lp = None
+                if self.k is not None:
+                    lp = (chat_logprobs(c.token_ids, c.logprobs, self.k) if self.kind == "chat.completion"
+                          else completion_logprobs(c.token_ids, c.logprobs, self.k))
+                if self.kind == "chat.completion":
+                    choice["message"] = {"role": "assistant", "content": c.text}
+                else:
+                    choice["text"] = c.text
+                choice["logprobs"] = lp
+                choices.append(choice)
+        return {**self._head(self.kind), "choices": choices, "usage": self._usage(finals)}
+
+    # ---- streams -----------------------------------------------------------------------------------------
+    async def events(self):
+        """Server-sent events: chunks as tokens arrive, then a usage chunk if asked, then [DONE]."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i, stream):
+            try:
+                async for u in stream:
+                    queue.put_nowait((i, u))
+            except Exception as exc:  # the engine failed: the client gets an error event
+                queue.put_nowait((i, exc))
+            finally:
+                queue.put_nowait((i, None))
+
+        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(self.streams)]
+        chat = self.kind == "chat.completion"
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        try:
+            if chat:
+                for idx in range(len(self.streams) * self.n):
+                    yield sse({**self._head(obj), "choices": [
+                        {"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                         "finish_reason": None}]})
+            remaining = len(tasks)
+            while remaining:
+                i, u = await queue.get()
+                if u is None:
+                    remaining -= 1
+                    continue
+                if isinstance(u, Exception):
+                    yield sse(OpenAIError(503, str(u), "server_error").body())
+                    break
+                self._track(i, u)
+                chunk = self._chunk(i, u, chat)
+                if chunk is not None:
+                    yield sse({**self._head(obj), "choices": [chunk]})
+            if self.include_usage:
+                yield sse({**self._head(obj), "choices": [], "usage": self._usage()})
+            yield sse("[DONE]")
+        finally:
+            for t in tasks:
+                t.cancel()
+            self.abort()
+
+    def _chunk(self, i: int, u: StepUpdate, chat: bool) -> dict | None:
+        idx = i * self.n + u.index
+        reason = FINISH_REASONS[u.output.outputs[u.index].finish_reason] if u.finished else None
+        if not u.delta_text and reason is None and not u.new_logprobs:
+            return None
+        lp = None
+        if self.k is not None and u.new_logprobs:
+            off = self._offsets.get(idx, 0)
+            lp = (chat_logprobs(u.new_token_ids, u.new_logprobs, self.k) if chat
+                  else completion_logprobs(u.new_token_ids, u.new_logprobs, self.k, off))
+        self._offsets[idx] = self._offsets.get(idx, 0) + len(u.delta_text)
+        if chat:
+            return {"index": idx, "delta": {"content": u.delta_text} if u.delta_text else {}, "logprobs": lp,
+                    "finish_reason": reason}
+        return {"index": idx, "text": u.delta_text, "logprobs": lp, "finish_reason": reason}

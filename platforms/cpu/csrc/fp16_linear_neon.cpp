@@ -1,0 +1,14 @@
+// The neon fp16 linear panel: fp16_linear_impl.h on the VecNeon backend.
+#include "isa.h"
+
+#ifdef ENGINE_ARM64
+#define ENGINE_VEC_FN 
+#include "fp16_linear_impl.h"
+
+namespace engine_cpu {
+void fp16_panel_neon(const float* x, int64_t xs, int64_t m, const uint16_t* w, int64_t ws, int rows, int64_t k,
+                     float* out) {
+  fp16_panel_impl<VecNeon>(x, xs, m, w, ws, rows, k, out);
+}
+}  // namespace engine_cpu
+#endif  // ENGINE_ARM64

@@ -1,0 +1,306 @@
+// The one-source vector layer: a kernel is written once against a backend `V` and instantiated per
+// target (scalar, AVX2, AVX-512, NEON, VSX) by a small per-ISA file that includes the kernel's
+// `*_impl.h` with that backend; RVV kernels use the length-agnostic loop shape described below.
+//
+// Why our own layer and not Google Highway (tried 2026-11-30 with the Debian 12 toolchains, FACTS.md):
+// Debian's only Highway (libhwy-dev 1.0.3) does not compile RVV with clang-19 (pre-`__riscv_` intrinsic
+// names), picks its SCALAR target for ppc64le -mcpu=power9 and SSSE3 (not AVX2) for x86-64-v3 in static
+// mode, and fails on aarch64 with gcc-12; there is no newer Highway in the package sources (libhwy-dev
+// is Multi-Arch: same, so arm64/ppc64el/riscv64 copies install, but they are the same 1.0.3, and its
+// runtime dispatch links libhwy.so.1, one more shared library in every wheel), so it would have to be
+// vendored from a newer release into every build. This header is ~300 lines, compiles with every
+// toolchain CI uses (gcc-12 for x86/aarch64/ppc64le, clang-19 for riscv64), adds nothing to a wheel,
+// and a kernel written on it compiles to the loops of the hand-written x86 kernel it replaced: paged
+// attention measured 0.91-1.03x the old AVX2/AVX-512 tiles at 512-2048 token contexts, 1.1-1.18x
+// (+0.7-0.9 us) on a 100-token call (BENCHMARKS.md, 2026-12-01).
+//
+// Two shapes of use:
+// * Fixed width (x86, NEON, VSX, scalar): `typename V::F` is a plain vector type with `V::W` fp32
+//   lanes, so kernels may keep arrays of vectors in registers (attention keeps the query row and the
+//   output accumulators there). Every function carries the backend's target attribute (ENGINE_VEC_FN
+//   in the kernel file), so x86 code is compiled per function and picked at run time (isa.cpp).
+// * Length agnostic (RVV 1.0, and any backend): loops are written
+//     for (size_t i = 0, vl; i < n; i += vl) { vl = setvl(n - i); ... }
+//   with no arrays of vectors (RVV types are sizeless), and the vector length is read at run time, so
+//   one binary is correct at any VLEN. The RVV kernels (gguf_linear_rvv.cpp) are written that way.
+//
+// Each backend is a struct of static inline functions in an anonymous namespace (internal linkage: no
+// ISA-specific code can leak into a shared inline definition). Include only inside the matching
+// #ifdef (ENGINE_X86, ENGINE_ARM64, ENGINE_VSX).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "convert.h"
+#include "isa.h"
+
+#ifdef ENGINE_X86
+#include "activation_exp_x86.h"
+#include "simd_x86.h"
+#endif
+#ifdef ENGINE_ARM64
+#include <arm_neon.h>
+#endif
+#ifdef ENGINE_VSX
+#include <altivec.h>
+#undef vector
+#undef pixel
+#undef bool
+#endif
+
+namespace engine_cpu {
+namespace {
+
+// The fixed-width contract, shown by the portable backend: every other backend has the same members.
+// `fma(a, b, c)` = a * b + c; `transpose_add(v)` takes W vectors and returns the vector whose lane i is
+// the sum of the lanes of v[i]; `keep_first(v, n, fill)` keeps lanes < n and puts fill in the others;
+// kAccRegs / kMaxRows size register blocking (accumulators a kernel may keep live). The portable
+// backend is four plain floats: chunked like the vector backends (per-chunk costs amortised over four
+// keys), and the compiler may vectorize it for the build's baseline ISA.
+struct VecScalar {
+  struct F {
+    float v[4];
+  };
+  static constexpr int W = 4, kAccRegs = 8, kMaxRows = 2;
+  template <class Op>
+  static F map(F a, F b, Op op) {
+    F r;
+    for (int i = 0; i < 4; ++i) r.v[i] = op(a.v[i], b.v[i]);
+    return r;
+  }
+  static F zero() { return set1(0.0f); }
+  static F set1(float x) { return F{{x, x, x, x}}; }
+  static F load(const float* p) { return F{{p[0], p[1], p[2], p[3]}}; }
+  static void store(float* p, F v) {
+    for (int i = 0; i < 4; ++i) p[i] = v.v[i];
+  }
+  static F load_bf16(const uint16_t* p) {
+    return F{{bf16_to_f32(p[0]), bf16_to_f32(p[1]), bf16_to_f32(p[2]), bf16_to_f32(p[3])}};
+  }
+  static void store_bf16(uint16_t* p, F v) {
+    for (int i = 0; i < 4; ++i) p[i] = f32_to_bf16(v.v[i]);
+  }
+  static F load_fp16(const uint16_t* p) {
+    return F{{fp16_to_f32(p[0]), fp16_to_f32(p[1]), fp16_to_f32(p[2]), fp16_to_f32(p[3])}};
+  }
+  static F add(F a, F b) { return map(a, b, [](float x, float y) { return x + y; }); }
+  static F sub(F a, F b) { return map(a, b, [](float x, float y) { return x - y; }); }
+  static F mul(F a, F b) { return map(a, b, [](float x, float y) { return x * y; }); }
+  static F div(F a, F b) { return map(a, b, [](float x, float y) { return x / y; }); }
+  static F fma(F a, F b, F c) { return add(mul(a, b), c); }
+  static F exp(F x) { return F{{std::exp(x.v[0]), std::exp(x.v[1]), std::exp(x.v[2]), std::exp(x.v[3])}}; }
+  static float reduce_add(F v) { return (v.v[0] + v.v[1]) + (v.v[2] + v.v[3]); }
+  static float reduce_max(F v) { return std::max(std::max(v.v[0], v.v[1]), std::max(v.v[2], v.v[3])); }
+  static F transpose_add(const F* v) {
+    return F{{reduce_add(v[0]), reduce_add(v[1]), reduce_add(v[2]), reduce_add(v[3])}};
+  }
+  static F keep_first(F v, int n, F fill) {
+    for (int i = n < 0 ? 0 : n; i < 4; ++i) v.v[i] = fill.v[i];
+    return v;
+  }
+  static bool any_gt(F a, F b) { return a.v[0] > b.v[0] || a.v[1] > b.v[1] || a.v[2] > b.v[2] || a.v[3] > b.v[3]; }
+};
+
+#ifdef ENGINE_X86
+struct VecAvx2 {
+  using F = __m256;
+  static constexpr int W = 8, kAccRegs = 8, kMaxRows = 2;  // 16 ymm registers
+  ENGINE_AVX2 static F zero() { return _mm256_setzero_ps(); }
+  ENGINE_AVX2 static F set1(float x) { return _mm256_set1_ps(x); }
+  ENGINE_AVX2 static F load(const float* p) { return _mm256_loadu_ps(p); }
+  ENGINE_AVX2 static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  ENGINE_AVX2 static F load_bf16(const uint16_t* p) { return bf16x8_load(p); }
+  ENGINE_AVX2 static void store_bf16(uint16_t* p, F v) { bf16x8_store(p, v); }
+  ENGINE_AVX2 static F load_fp16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  ENGINE_AVX2 static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  ENGINE_AVX2 static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  ENGINE_AVX2 static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  ENGINE_AVX2 static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  ENGINE_AVX2 static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  ENGINE_AVX2 static F exp(F x) { return exp256(x); }
+  ENGINE_AVX2 static float reduce_add(F v) { return hsum8(v); }
+  ENGINE_AVX2 static float reduce_max(F v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+  }
+  ENGINE_AVX2 static F transpose_add(const F* v) {  // 8 vectors: unpack/shuffle/permute tree
+    __m256 a[4], b[2];
+    for (int i = 0; i < 4; ++i)
+      a[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 2; ++i)
+      b[i] = _mm256_add_ps(_mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44),
+                           _mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
+    return _mm256_add_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20), _mm256_permute2f128_ps(b[0], b[1], 0x31));
+  }
+  ENGINE_AVX2 static F keep_first(F v, int n, F fill) {
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_blendv_ps(fill, v, _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(n)), _CMP_LT_OQ));
+  }
+  ENGINE_AVX2 static bool any_gt(F a, F b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0; }
+};
+
+struct VecAvx512 {
+  using F = __m512;
+  static constexpr int W = 16, kAccRegs = 16, kMaxRows = 4;  // 32 zmm registers
+  ENGINE_AVX512 static F zero() { return _mm512_setzero_ps(); }
+  ENGINE_AVX512 static F set1(float x) { return _mm512_set1_ps(x); }
+  ENGINE_AVX512 static F load(const float* p) { return _mm512_loadu_ps(p); }
+  ENGINE_AVX512 static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  ENGINE_AVX512 static F load_bf16(const uint16_t* p) { return bf16x16_load(p, 0xffff); }
+  ENGINE_AVX512 static void store_bf16(uint16_t* p, F v) { bf16x16_store(p, v, 0xffff); }
+  ENGINE_AVX512 static F load_fp16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  ENGINE_AVX512 static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  ENGINE_AVX512 static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  ENGINE_AVX512 static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  ENGINE_AVX512 static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  ENGINE_AVX512 static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  ENGINE_AVX512 static F exp(F x) { return exp512(x); }
+  ENGINE_AVX512 static float reduce_add(F v) { return _mm512_reduce_add_ps(v); }
+  ENGINE_AVX512 static float reduce_max(F v) { return _mm512_reduce_max_ps(v); }
+  ENGINE_AVX512 static F transpose_add(const F* v) {  // 16 vectors: 45 shuffles/adds for 16 sums
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; ++i)
+      a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i)
+      b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44),
+                           _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 2; ++i)
+      c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x44),
+                           _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+  }
+  ENGINE_AVX512 static F keep_first(F v, int n, F fill) { return _mm512_mask_mov_ps(fill, tail_mask(n), v); }
+  ENGINE_AVX512 static bool any_gt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
+};
+#endif  // ENGINE_X86
+
+#ifdef ENGINE_ARM64
+struct VecNeon {
+  using F = float32x4_t;
+  static constexpr int W = 4, kAccRegs = 16, kMaxRows = 4;  // 32 q registers
+  static F zero() { return vdupq_n_f32(0.0f); }
+  static F set1(float x) { return vdupq_n_f32(x); }
+  static F load(const float* p) { return vld1q_f32(p); }
+  static void store(float* p, F v) { vst1q_f32(p, v); }
+  static F load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+  static void store_bf16(uint16_t* p, F v) {  // round to nearest even, NaN -> 0x7FC0 (as f32_to_bf16)
+    const uint32x4_t u = vreinterpretq_u32_f32(v);
+    const uint32x4_t odd = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+    uint32x4_t r = vshrq_n_u32(vaddq_u32(u, vaddq_u32(odd, vdupq_n_u32(0x7fff))), 16);
+    r = vbslq_u32(vceqq_f32(v, v), r, vdupq_n_u32(0x7fc0));
+    vst1_u16(p, vmovn_u32(r));
+  }
+  static F load_fp16(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+  static F add(F a, F b) { return vaddq_f32(a, b); }
+  static F sub(F a, F b) { return vsubq_f32(a, b); }
+  static F mul(F a, F b) { return vmulq_f32(a, b); }
+  static F div(F a, F b) { return vdivq_f32(a, b); }
+  static F fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
+  static F exp(F x);
+  static float reduce_add(F v) { return vaddvq_f32(v); }
+  static float reduce_max(F v) { return vmaxvq_f32(v); }
+  static F transpose_add(const F* v) { return vpaddq_f32(vpaddq_f32(v[0], v[1]), vpaddq_f32(v[2], v[3])); }
+  static F keep_first(F v, int n, F fill) {
+    const float lanes[4] = {0, 1, 2, 3};
+    return vbslq_f32(vcltq_f32(vld1q_f32(lanes), vdupq_n_f32(static_cast<float>(n))), v, fill);
+  }
+  static bool any_gt(F a, F b) { return vmaxvq_u32(vcgtq_f32(a, b)) != 0; }
+};
+#endif  // ENGINE_ARM64
+
+#ifdef ENGINE_VSX
+struct VecVsx {
+  using F = __vector float;
+  static constexpr int W = 4, kAccRegs = 16, kMaxRows = 4;  // 64 VSX registers
+  static F zero() { return vec_splats(0.0f); }
+  static F set1(float x) { return vec_splats(x); }
+  static F load(const float* p) { return vec_xl(0, p); }
+  static void store(float* p, F v) { vec_xst(v, 0, p); }
+  static F load_bf16(const uint16_t* p) {
+    const __vector unsigned int u = {p[0], p[1], p[2], p[3]};
+    return reinterpret_cast<F>(vec_sl(u, vec_splats(16u)));
+  }
+  static void store_bf16(uint16_t* p, F v) {
+    for (int i = 0; i < 4; ++i) p[i] = f32_to_bf16(v[i]);
+  }
+  static F load_fp16(const uint16_t* p) {
+#ifdef _ARCH_PWR9  // one 8-byte load splatted to both halves, then xvcvhpsp: four fp16 lanes to fp32
+    unsigned long long bits;
+    std::memcpy(&bits, p, 8);
+    const __vector unsigned long long d = vec_splats(bits);
+    return vec_extract_fp32_from_shorth(reinterpret_cast<__vector unsigned short>(d));
+#else
+    return F{fp16_to_f32(p[0]), fp16_to_f32(p[1]), fp16_to_f32(p[2]), fp16_to_f32(p[3])};
+#endif
+  }
+  static F add(F a, F b) { return vec_add(a, b); }
+  static F sub(F a, F b) { return vec_sub(a, b); }
+  static F mul(F a, F b) { return vec_mul(a, b); }
+  static F div(F a, F b) { return vec_div(a, b); }
+  static F fma(F a, F b, F c) { return vec_madd(a, b, c); }
+  static F exp(F x);
+  static float reduce_add(F v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+  static float reduce_max(F v) { return std::fmax(std::fmax(v[0], v[1]), std::fmax(v[2], v[3])); }
+  static F transpose_add(const F* v) {
+    const F a = vec_mergeh(v[0], v[1]), b = vec_mergel(v[0], v[1]);  // [x0 y0 x1 y1], [x2 y2 x3 y3]
+    const F c = vec_mergeh(v[2], v[3]), d = vec_mergel(v[2], v[3]);
+    const F s01 = vec_add(a, b), s23 = vec_add(c, d);  // [x02 y02 x13 y13], [z02 w02 z13 w13]
+    using D2 = __vector double;  // pairs of lanes moved as one 64-bit element
+    const D2 lo = vec_mergeh(reinterpret_cast<D2>(s01), reinterpret_cast<D2>(s23));
+    const D2 hi = vec_mergel(reinterpret_cast<D2>(s01), reinterpret_cast<D2>(s23));
+    return vec_add(reinterpret_cast<F>(lo), reinterpret_cast<F>(hi));
+  }
+  static F keep_first(F v, int n, F fill) {
+    const F lane = {0, 1, 2, 3};
+    return vec_sel(fill, v, vec_cmplt(lane, vec_splats(static_cast<float>(n))));
+  }
+  static bool any_gt(F a, F b) { return vec_any_gt(a, b); }
+};
+#endif  // ENGINE_VSX
+
+// expf for the 4-lane backends: the constants and clamps of activation_exp_x86.h (about 2 ulp), with
+// 2^n built in the exponent field.
+#if defined(ENGINE_ARM64) || defined(ENGINE_VSX)
+constexpr float kVExpLo = -87.33654475f, kVExpHi = 88.02969193f, kVLog2e = 1.44269504088896341f;
+constexpr float kVLn2Hi = 0.693359375f, kVLn2Lo = -2.12194440e-4f;
+constexpr float kVP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                          4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+#endif
+#ifdef ENGINE_ARM64
+inline float32x4_t VecNeon::exp(float32x4_t x) {
+  x = vminq_f32(vdupq_n_f32(kVExpHi), vmaxq_f32(vdupq_n_f32(kVExpLo), x));
+  const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(kVLog2e)));
+  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(kVLn2Hi));
+  r = vfmsq_f32(r, n, vdupq_n_f32(kVLn2Lo));
+  float32x4_t y = vdupq_n_f32(kVP[0]);
+  for (int i = 1; i < 6; ++i) y = vfmaq_f32(vdupq_n_f32(kVP[i]), y, r);
+  y = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), y, vmulq_f32(r, r));
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  return vmulq_f32(y, vreinterpretq_f32_s32(e));
+}
+#endif
+#ifdef ENGINE_VSX
+inline __vector float VecVsx::exp(__vector float x) {
+  x = vec_min(vec_splats(kVExpHi), vec_max(vec_splats(kVExpLo), x));
+  const __vector float n = vec_round(vec_mul(x, vec_splats(kVLog2e)));
+  __vector float r = vec_nmsub(n, vec_splats(kVLn2Hi), x);
+  r = vec_nmsub(n, vec_splats(kVLn2Lo), r);
+  __vector float y = vec_splats(kVP[0]);
+  for (int i = 1; i < 6; ++i) y = vec_madd(y, r, vec_splats(kVP[i]));
+  y = vec_madd(y, vec_mul(r, r), vec_add(r, vec_splats(1.0f)));
+  const __vector signed int e = vec_sl(vec_add(vec_cts(n, 0), vec_splats(127)), vec_splats(23u));
+  return vec_mul(y, reinterpret_cast<__vector float>(e));
+}
+#endif
+
+}  // namespace
+}  // namespace engine_cpu

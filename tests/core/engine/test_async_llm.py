@@ -1,0 +1,112 @@
+"""vLLM-shaped outputs (n completions, logprobs), abort, early-closed streams and the async engine, on the
+default model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from engine.core.engine.async_llm import AsyncLLM, QueueFullError
+from engine.core.engine.llm import LLM
+from engine.core.engine.sampling_params import SamplingParams
+
+PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time", "def add(a, b):"]
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(kv_cache_bytes=32 << 20, max_num_seqs=16)
+
+
+def _pool_whole(llm) -> bool:
+    bm = llm.block_manager
+    return not llm.engine.has_unfinished() and bm.num_free_blocks == bm.num_blocks
+
+
+def test_n_completions_are_the_seeded_single_ones(llm):
+    sp = SamplingParams(n=3, temperature=1.0, seed=77, max_tokens=5, ignore_eos=True)
+    out = llm.generate("Tell me a story.", sp)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2] and out.finished
+    for c in out.outputs:
+        alone = llm.generate("Tell me a story.", SamplingParams(temperature=1.0, seed=77 + c.index, max_tokens=5,
+                                                                 ignore_eos=True))[0].outputs[0]
+        assert c.token_ids == alone.token_ids and c.text == alone.text and c.finish_reason == "length"
+    assert _pool_whole(llm)
+
+
+def test_logprobs_match_the_model_distribution(llm):
+    prompt = llm.tokenizer.encode("The capital of France is")
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, logprobs=3, ignore_eos=True))[0]
+    c = out.outputs[0]
+    assert len(c.logprobs) == len(c.token_ids) == 4
+    ref = llm.prompt_logits(prompt + c.token_ids[:-1])[len(prompt) - 1:].log_softmax(-1)
+    total = 0.0
+    for j, (tok, entry) in enumerate(zip(c.token_ids, c.logprobs, strict=True)):
+        assert entry[tok].rank == 1  # greedy
+        assert entry[tok].logprob == pytest.approx(ref[j, tok].item(), abs=2e-3)
+        top = ref[j].topk(3).indices.tolist()
+        assert sorted(entry) == sorted(set(top) | {tok})
+        total += entry[tok].logprob
+    assert c.cumulative_logprob == pytest.approx(total)
+
+
+def test_abort_frees_the_blocks_at_once(llm):
+    rid = llm.engine.add_request(llm.tokenizer.encode("Write a long essay about the sea." * 8),
+                                 SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    for _ in range(3):
+        llm.engine.step()
+    assert llm.block_manager.num_free_blocks < llm.block_manager.num_blocks
+    out = llm.abort(rid)
+    assert out.outputs[0].finish_reason == "abort" and 1 <= len(out.outputs[0].token_ids) < 200
+    assert _pool_whole(llm)
+    assert llm.abort(rid) is None
+
+
+def test_breaking_out_of_stream_aborts_its_requests(llm):
+    expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    long = SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)
+    for i, _ in enumerate(llm.stream(PROMPTS, long)):
+        if i == 5:
+            break
+    assert _pool_whole(llm)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+
+
+def test_async_engine_many_coroutines_abort_and_bad_input(llm):
+    expected = [o.outputs[0].text for o in llm.generate(PROMPTS, GREEDY)]
+    engine = AsyncLLM(llm, max_queue=64)
+    try:
+        async def text_of(prompt):
+            parts = [u.delta_text async for u in engine.generate(prompt, GREEDY)]
+            return "".join(parts)
+
+        async def abandoned():
+            async for _ in engine.generate("Count to a thousand:",
+                                           SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)):
+                break  # closing the stream aborts the request
+
+        async def bad():
+            with pytest.raises(ValueError, match="outside the vocabulary"):
+                await engine.add_request([10**9], GREEDY)
+
+        async def main():
+            results = await asyncio.gather(*(text_of(p) for p in PROMPTS * 2), abandoned(), bad())
+            assert results[:len(PROMPTS) * 2] == expected * 2
+            engine.max_queue = 0
+            with pytest.raises(QueueFullError):
+                await engine.add_request("hi", GREEDY)
+            engine.max_queue = 64
+            for _ in range(200):  # the abort is applied by the engine thread before its next step
+                if _pool_whole(llm):
+                    break
+                await asyncio.sleep(0.01)
+
+        asyncio.run(main())
+        assert _pool_whole(llm)
+    finally:
+        engine.shutdown()
+    assert not engine.is_running
+    assert torch.is_tensor(llm.prompt_logits([1, 2]))  # the LLM is usable offline again

@@ -1,0 +1,43 @@
+"""``engine serve`` as a user starts it: a subprocess on a free port, called with the openai client."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.core.serving.live_server import free_port
+from tests.plugin_helpers import REPO
+
+
+def test_serve_answers_and_stops():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port), "--max-model-len",
+                             "256", "--served-model-name", "tiny", "--log-level", "warning"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "engine serve did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        with pytest.raises(openai.BadRequestError, match="context of 256"):  # --max-model-len is the context
+            client.chat.completions.create(model="tiny", messages=question, max_tokens=300)
+        r = client.chat.completions.create(model="tiny", messages=question, temperature=0, max_tokens=16)
+        assert "Paris" in r.choices[0].message.content
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert proc.returncode in (0, -15)
+

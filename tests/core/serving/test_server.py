@@ -1,0 +1,247 @@
+"""``engine serve``'s app on the default model, through the openai client and raw httpx: streaming and not,
+chat and completions, n > 1, logprobs, json_schema, every bad input, disconnects, and 64 concurrent streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from engine.core.engine.async_llm import AsyncLLM
+from engine.core.engine.llm import LLM
+from engine.core.engine.sampling_params import SamplingParams
+from engine.core.serving.app import build_app
+from tests.core.serving.live_server import start_server
+
+MODEL = "smollm2"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer"}}, "required": ["name", "age"]}
+N_CONCURRENT = 64
+
+
+@pytest.fixture(scope="module")
+def served():
+    llm = LLM(kv_cache_bytes=96 << 20, max_num_seqs=64, max_model_len=512)
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    prompts = [f"Fact number {i}:" for i in range(N_CONCURRENT)]
+    ref = {"chat": llm.chat(QUESTION, SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].text,
+           "prompts": prompts, "texts": [o.outputs[0].text for o in llm.generate(prompts, greedy)]}
+    engine = AsyncLLM(llm, max_queue=256)
+    running = start_server(build_app(engine, MODEL))
+    yield running.url, engine, ref
+    running.stop()
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", max_retries=0)
+
+
+def _pool_whole(engine, wait_s: float = 10.0) -> bool:
+    import time
+
+    bm = engine.llm.block_manager
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if engine.num_running == 0 and engine.num_waiting == 0 and bm.num_free_blocks == bm.num_blocks:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_models_health_and_chat(served, client):
+    url, engine, ref = served
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(url + "/health").status_code == 200
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=12)
+    assert r.choices[0].message.content == ref["chat"] and r.choices[0].message.role == "assistant"
+    assert r.usage.completion_tokens >= 1 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_stream_with_usage(served, client):
+    _, _, ref = served
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=12,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ref["chat"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+
+
+def test_completions_stream_and_not(served, client):
+    _, _, ref = served
+    whole = client.completions.create(model=MODEL, prompt=ref["prompts"][0], temperature=0, max_tokens=8)
+    assert whole.choices[0].text == ref["texts"][0] and whole.usage.prompt_tokens > 0
+    streamed = client.completions.create(model=MODEL, prompt=ref["prompts"][0], temperature=0, max_tokens=8,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == ref["texts"][0]
+
+
+def test_n_completions_and_logprobs(served, client):
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", n=3, temperature=1.0, seed=5,
+                                  max_tokens=6, logprobs=2)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    assert r.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in r.choices)
+    for c in r.choices:
+        assert len(c.logprobs.token_logprobs) == len(c.logprobs.tokens) and all(lp <= 0 for lp in
+                                                                               c.logprobs.token_logprobs)
+        assert all(1 <= len(t) <= 3 for t in c.logprobs.top_logprobs)  # top 2, plus the sampled one if not in it
+    chat = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=4,
+                                          logprobs=True, top_logprobs=3, n=2)
+    assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens // 2
+    assert all(len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob == t.logprob for t in content)
+
+
+def test_json_schema_output_parses_and_validates(served, client):
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Describe a person as JSON."}], temperature=0,
+        max_tokens=60, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}})
+    assert r.choices[0].finish_reason == "stop"
+    obj = json.loads(r.choices[0].message.content)
+    assert set(obj) == {"name", "age"} and isinstance(obj["name"], str) and len(obj["name"]) <= 12
+    assert isinstance(obj["age"], int)
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0.7, seed=3, max_tokens=80,
+                                       response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":  # a cut-off object is not valid JSON; a finished one must be
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:
+        assert r.choices[0].message.content.startswith("{")
+
+
+def _body(**kw):
+    return json.dumps({"model": MODEL, **kw}).encode()
+
+
+LONG = "word " * 600
+BAD = [
+    ("/v1/completions", b'{"model": "smollm2", "prompt": ', 400, None),
+    ("/v1/completions", b'{"model": "smollm2", "prompt": "\xff\xfe"}', 400, None),
+    ("/v1/completions", _body(prompt="hi", max_tokens="many"), 400, "max_tokens"),
+    ("/v1/completions", _body(prompt=["a", 3]), 400, None),
+    ("/v1/completions", json.dumps({"model": "gpt-4", "prompt": "hi"}).encode(), 404, "model"),
+    ("/v1/completions", _body(prompt=LONG), 400, "prompt"),
+    ("/v1/completions", _body(prompt="hi", max_tokens=600), 400, "max_tokens"),
+    ("/v1/completions", _body(prompt="hi", n=99), 400, "n"),
+    ("/v1/completions", _body(prompt="hi", logprobs=21), 400, "logprobs"),
+    ("/v1/completions", _body(prompt=[10**9]), 400, "prompt"),
+    ("/v1/completions", _body(prompt="hi", echo=True), 400, "echo"),
+    ("/v1/chat/completions", _body(messages=QUESTION, logprobs=True, top_logprobs=50), 400, "top_logprobs"),
+    ("/v1/chat/completions", _body(messages=[]), 400, "messages"),
+    ("/v1/chat/completions", _body(messages=[{"role": "wizard", "content": "x"}]), 400, None),
+    ("/v1/chat/completions", _body(messages=QUESTION, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}), 400, None),
+    ("/v1/chat/completions", _body(messages=QUESTION, temperature=-1), 400, "temperature"),
+    ("/v1/chat/completions", b"[1, 2]", 400, None),
+]
+
+
+def test_bad_requests_get_4xx_and_do_not_disturb_a_running_stream(served):
+    url, engine, ref = served
+
+    async def main():
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            async def good():
+                body = {"model": MODEL, "prompt": ref["prompts"][1], "temperature": 0, "max_tokens": 8,
+                        "stream": True}
+                text = ""
+                async with http.stream("POST", "/v1/completions", json=body) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            text += json.loads(line[6:])["choices"][0]["text"]
+                return text
+
+            async def bad(path, body):
+                return await http.post(path, content=body, headers={"content-type": "application/json"})
+
+            return await asyncio.gather(good(), *(bad(p, b) for p, b, _, _ in BAD))
+
+    text, *responses = asyncio.run(main())
+    assert text == ref["texts"][1]
+    for (_path, body, status, param), r in zip(BAD, responses, strict=True):
+        assert r.status_code == status, (body[:80], r.text)
+        err = r.json()["error"]
+        assert err["message"] and err["type"]
+        if param:
+            assert (err["param"] or "").startswith(param), (body[:80], err)
+    assert _pool_whole(engine)
+
+
+def test_queue_full_is_503_with_retry_after(served):
+    url, engine, _ = served
+    engine.max_queue = 0
+    try:
+        r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    finally:
+        engine.max_queue = 256
+    assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json()["error"]["type"] == "server_error"
+
+
+def test_disconnect_mid_stream_returns_the_blocks(served):
+    url, engine, _ = served
+    body = {"model": MODEL, "prompt": "Write a very long story.", "max_tokens": 400, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    with httpx.Client(timeout=60) as http, http.stream("POST", url + "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break
+        assert engine.num_running == 1
+    assert _pool_whole(engine), "the disconnected request kept running or kept its KV blocks"
+
+
+def test_disconnect_while_waiting_for_a_whole_response_aborts_it(served):
+    url, engine, _ = served
+    body = {"model": MODEL, "prompt": "Write a very long story.", "max_tokens": 400, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+    assert _pool_whole(engine), "the abandoned request kept running or kept its KV blocks"
+
+
+def test_concurrent_streams_match_offline_greedy(served):
+    url, engine, ref = served
+
+    async def one(http, prompt):
+        body = {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 8, "stream": True}
+        text = ""
+        async with http.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    text += json.loads(line[6:])["choices"][0]["text"]
+        return text
+
+    async def main():
+        limits = httpx.Limits(max_connections=N_CONCURRENT)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+            return await asyncio.gather(*(one(http, p) for p in ref["prompts"]))
+
+    assert asyncio.run(main()) == ref["texts"]
+    assert _pool_whole(engine)
+    metrics = httpx.get(url + "/metrics").text
+    for name in ("engine_num_requests_running", "engine_num_requests_waiting", "engine_kv_cache_usage_perc",
+                 "engine_prefix_cache_hit_rate", "engine_time_to_first_token_seconds_count",
+                 "engine_inter_token_latency_seconds_count", "engine_generation_tokens_per_second"):
+        assert name in metrics
+    ttft = next(line for line in metrics.splitlines() if line.startswith("engine_time_to_first_token_seconds_count"))
+    assert float(ttft.split()[-1]) >= N_CONCURRENT
+
+
+def test_api_key(served):
+    _, engine, _ = served
+    running = start_server(build_app(engine, MODEL, api_key="sekret"))
+    try:
+        assert httpx.get(running.url + "/v1/models").status_code == 401
+        assert httpx.get(running.url + "/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=running.url + "/v1", api_key="nope", max_retries=0).models.list()
+        ok = openai.OpenAI(base_url=running.url + "/v1", api_key="sekret", max_retries=0)
+        assert ok.completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
+        assert httpx.get(running.url + "/health").status_code == 200  # health needs no key
+    finally:
+        running.stop()

@@ -1,0 +1,83 @@
+// The fp32-activation GGUF linear (gemv at m = 1, decode + dot above) vs x @ dequant(W)^T computed here in
+// double from the format, on every ISA variant the CPU runs, fp32 and bf16 activations.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "check.h"
+#include "convert.h"
+#include "gguf_dequant.h"
+#include "gguf_linear.h"
+#include "thread_pool.h"
+
+using namespace engine_cpu;
+
+namespace {
+
+double weight_value(int qtype, const uint8_t* b, int j) {
+  uint16_t d16, m16;
+  std::memcpy(&d16, b, 2);
+  const double d = fp16_to_f32(d16);
+  if (qtype == kQ8_0) return static_cast<int8_t>(b[2 + j]) * d;
+  const uint8_t* q = b + (qtype == kQ4_0 ? 2 : 4);
+  const int nib = j < 16 ? (q[j] & 0x0F) : (q[j - 16] >> 4);
+  if (qtype == kQ4_0) return (nib - 8) * d;
+  std::memcpy(&m16, b + 2, 2);
+  return nib * d + fp16_to_f32(m16);
+}
+
+void run(int qtype, int64_t m, int64_t n, int64_t k, bool bf16, std::mt19937& rng, const char* isa) {
+  const int bb = gguf_block_bytes(qtype);
+  const int64_t nb = k / 32, row_bytes = nb * bb + 6;  // padded rows: w_stride > row bytes
+  std::vector<uint8_t> raw(n * row_bytes);
+  std::uniform_int_distribution<int> byte(0, 255), e(5, 12), mant(0, 1023), sign(0, 1);
+  for (auto& v : raw) v = static_cast<uint8_t>(byte(rng));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t blk = 0; blk < nb; ++blk)
+      for (int off = 0; off < (qtype == kQ4_1 ? 4 : 2); off += 2) {
+        const uint16_t h = static_cast<uint16_t>((sign(rng) << 15) | (e(rng) << 10) | mant(rng));
+        std::memcpy(raw.data() + r * row_bytes + blk * bb + off, &h, 2);
+      }
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t xs = k + 3, ys = n + 2;  // strided rows of x and y
+  std::vector<float> x(m * xs), y(m * ys, -1.0f);
+  for (auto& v : x) v = normal(rng);
+  std::vector<uint16_t> xb(x.size()), yb(y.size());
+  if (bf16)
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]), x[i] = bf16_to_f32(xb[i]);
+  gguf_linear({qtype, bf16 ? static_cast<const void*>(xb.data()) : x.data(), xs, m, k, raw.data(), row_bytes, n,
+               bf16 ? static_cast<void*>(yb.data()) : y.data(), ys, bf16 ? DType::BF16 : DType::F32});
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t r = 0; r < n; ++r) {
+      double want = 0.0, scale = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const uint8_t* blk = raw.data() + r * row_bytes + (c / 32) * bb;
+        const double t = double(x[i * xs + c]) * weight_value(qtype, blk, c % 32);
+        want += t;
+        scale += std::fabs(t);
+      }
+      const double got = bf16 ? bf16_to_f32(yb[i * ys + r]) : y[i * ys + r];
+      const double tol = bf16 ? 8e-3 * std::fabs(want) + 1e-5 * scale : 1e-5 * scale;
+      if (!(std::fabs(got - want) <= tol + 1e-30)) {
+        check::fail(std::string(isa) + (bf16 ? " bf16" : " fp32") + " qtype " + std::to_string(qtype) + " m " +
+                    std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) + " [" +
+                    std::to_string(i) + ", " + std::to_string(r) + "]: got " + std::to_string(got) + " want " +
+                    std::to_string(want));
+        return;
+      }
+    }
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(check::seed());
+  set_num_threads(2);
+  return check::for_each_isa([&](const char* isa) {
+    for (int qtype : {kQ4_0, kQ4_1, kQ8_0})
+      for (bool bf16 : {false, true})
+        for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 32}, {1, 131, 576}, {2, 9, 96},
+                               {7, 6, 160}, {13, 3, 64}, {1, 67, 1536}})
+          run(qtype, m, n, k, bf16, rng, isa);
+  });
+}
