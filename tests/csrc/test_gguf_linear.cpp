@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "check.h"
+#include "gguf_block_ref.h"
 #include "convert.h"
 #include "gguf_dequant.h"
 #include "gguf_linear.h"
@@ -13,18 +14,6 @@
 using namespace engine_cpu;
 
 namespace {
-
-double weight_value(int qtype, const uint8_t* b, int j) {
-  uint16_t d16, m16;
-  std::memcpy(&d16, b, 2);
-  const double d = fp16_to_f32(d16);
-  if (qtype == kQ8_0) return static_cast<int8_t>(b[2 + j]) * d;
-  const uint8_t* q = b + (qtype == kQ4_0 ? 2 : 4);
-  const int nib = j < 16 ? (q[j] & 0x0F) : (q[j - 16] >> 4);
-  if (qtype == kQ4_0) return (nib - 8) * d;
-  std::memcpy(&m16, b + 2, 2);
-  return nib * d + fp16_to_f32(m16);
-}
 
 void run(int qtype, int64_t m, int64_t n, int64_t k, bool bf16, std::mt19937& rng, const char* isa) {
   const int bb = gguf_block_bytes(qtype);
@@ -52,7 +41,7 @@ void run(int qtype, int64_t m, int64_t n, int64_t k, bool bf16, std::mt19937& rn
       double want = 0.0, scale = 0.0;
       for (int64_t c = 0; c < k; ++c) {
         const uint8_t* blk = raw.data() + r * row_bytes + (c / 32) * bb;
-        const double t = double(x[i * xs + c]) * weight_value(qtype, blk, c % 32);
+        const double t = double(x[i * xs + c]) * gguf_weight_value(qtype, blk, c % 32);
         want += t;
         scale += std::fabs(t);
       }
