@@ -28,6 +28,19 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     return weights, ids.to(torch.int64)
 
 
+def kernel_shape_problem(x, w13, w2, router_logits) -> str | None:
+    """Why a fused-MoE kernel cannot take these shapes (None if it can): the op's layout with every size > 0, as a
+    ``supports`` reason. Kernels share it so that they decline the same inputs with the same words."""
+    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3 or router_logits.dim() != 2:
+        return "need x [T, hidden], w13 [E, 2*I, hidden], w2 [E, hidden, I], router_logits [T, E]"
+    (t, h), (e, two_i, h13) = x.shape, w13.shape
+    if two_i == 0 or two_i % 2 or h13 != h or h == 0 or e == 0:
+        return f"w13 must be [E, 2*I, hidden={h}] with I, hidden, E > 0, got {tuple(w13.shape)}"
+    if tuple(w2.shape) != (e, h, two_i // 2) or tuple(router_logits.shape) != (t, e):
+        return f"w2 {tuple(w2.shape)} or router_logits {tuple(router_logits.shape)} do not match x and w13"
+    return None
+
+
 def _check(x, w13, w2, router_logits, top_k):
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
         raise ValueError(f"fused_moe wants x [T, hidden], w13 [E, 2*I, hidden], w2 [E, hidden, I]; got "

@@ -4,8 +4,8 @@ Why xgrammar (measured on this repo's default model, SmolLM2-135M, vocabulary 49
 BENCHMARKS.md): its JSON grammar is a real context-free grammar (any nesting depth) compiled in ~5 ms, and filling
 a token bitmask costs ~3 us per token (median); outlines-core compiles JSON to a regular expression, which for a
 free-form JSON object took 6.6 s to index and still rejected 4-deep nesting. The price is xgrammar's install
-footprint (it requires torch, transformers and, on x86-64 Linux, triton; all three are already engine or test
-dependencies here), against outlines-core's dependency-free 2.3 MB wheel.
+footprint (its wheel pulls torch, transformers and a kernel compiler on x86-64 Linux; BENCHMARKS.md lists them, all
+already engine or test dependencies here), against outlines-core's dependency-free 2.3 MB wheel.
 
 The mask is applied as a SamplingParams logits processor in plain torch (the bitmask is unpacked on the logits'
 own device), so it works on whatever platform runs the model.

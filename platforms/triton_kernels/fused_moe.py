@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from engine.core.ops.fp8 import fp8_max
-from engine.core.ops.moe import fused_moe
+from engine.core.ops.moe import fused_moe, kernel_shape_problem
 from engine.core.ops.moe_fp8 import fused_moe_fp8
 
 from . import interpreting, sm_count
@@ -560,13 +560,10 @@ def _check_shapes(device_type, x, w13, w2, router_logits, top_k):
         return f"tensors must be on the {device_type} device"
     if router_logits.dtype not in _LOGIT_DTYPES:
         return f"router_logits dtype {router_logits.dtype}: need fp32, bf16, fp16 or fp64"
-    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3 or router_logits.dim() != 2:
-        return "need x [T, hidden], w13 [E, 2*I, hidden], w2 [E, hidden, I], router_logits [T, E]"
-    (t, h), (e, two_i, h13) = x.shape, w13.shape
-    if two_i == 0 or two_i % 2 or h13 != h or h == 0 or e == 0:
-        return f"w13 must be [E, 2*I, hidden={h}] with I, hidden, E > 0, got {tuple(w13.shape)}"
-    if tuple(w2.shape) != (e, h, two_i // 2) or tuple(router_logits.shape) != (t, e):
-        return f"w2 {tuple(w2.shape)} or router_logits {tuple(router_logits.shape)} do not match x and w13"
+    problem = kernel_shape_problem(x, w13, w2, router_logits)
+    if problem:
+        return problem
+    e = w13.shape[0]
     if e > _MAX_EXPERTS:
         return f"{e} experts: at most {_MAX_EXPERTS}"
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= min(e, _MAX_TOP_K):

@@ -288,10 +288,10 @@ def _dot_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, stride_xm, stride_wn, stride_om
              mask=rmask[:, None] & mmask[None, :])
 
 
-def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = None, block_b: int = None):
+def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = None, block_b: int = None, splits: int | None = None):
     """(block_b, splits, blocks_per_split) for the GGUF GEMV: the NVFP4 GEMV's plan with this module's tiles."""
     return nvfp4_gemv_plan(n, nblocks, sms, block_n or GEMV_BLOCK_N, block_b or GEMV_BLOCK_B, PROGRAMS_PER_SM,
-                           MIN_SPLIT_BLOCK_B)
+                           MIN_SPLIT_BLOCK_B, splits)
 
 
 def gemv_block_n(m: int) -> int:
@@ -334,11 +334,7 @@ def linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int, *, kernel:
         words = raw.view(torch.int16)
         block_n = cfg.get("block_n", gemv_block_n(m))
         block_b, splits, per_split = gemv_plan(n, nb, cfg.get("sms", sm_count(x.device, INTERPRETER_SMS)), block_n,
-                                               cfg.get("block_b", GEMV_BLOCK_B))
-        if "splits" in cfg:
-            block_b = min(cfg.get("block_b", GEMV_BLOCK_B), triton.next_power_of_2(nb))
-            per_split = triton.cdiv(triton.cdiv(nb, cfg["splits"]), block_b) * block_b
-            splits = triton.cdiv(nb, per_split)
+                                               cfg.get("block_b", GEMV_BLOCK_B), splits=cfg.get("splits"))
         part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
         _gemv_kernel[(triton.cdiv(n, block_n), splits)](
             x2, words, out, part, m, n, nb, x2.stride(0), words.stride(0), out.stride(0), per_split, QTYPE=qtype,

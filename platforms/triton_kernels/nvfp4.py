@@ -414,11 +414,16 @@ def splitk_reduce(part: torch.Tensor, bias, out: torch.Tensor) -> torch.Tensor:
 
 
 def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = GEMV_BLOCK_N, block_b: int = GEMV_BLOCK_B,
-              programs_per_sm: int = PROGRAMS_PER_SM, min_split_block_b: int = MIN_SPLIT_BLOCK_B):
+              programs_per_sm: int = PROGRAMS_PER_SM, min_split_block_b: int = MIN_SPLIT_BLOCK_B,
+              splits: int | None = None):
     """(block_b, splits, blocks_per_split) for a GEMV over ``nblocks`` K blocks (the GGUF GEMV shares it). K is split
     only while the N programs alone leave SMs idle (fewer than ``programs_per_sm`` per SM), and then the K step
-    shrinks (not below ``min_split_block_b``) to make pieces."""
+    shrinks (not below ``min_split_block_b``) to make pieces. ``splits`` (tuning) asks for that many pieces of
+    whole ``block_b`` steps instead."""
     block_b = min(block_b, triton.next_power_of_2(nblocks))
+    if splits is not None:
+        per_split = triton.cdiv(triton.cdiv(nblocks, splits), block_b) * block_b
+        return block_b, triton.cdiv(nblocks, per_split), per_split
     programs = triton.cdiv(n, block_n)
     target = programs_per_sm * sms
     splits = 1
@@ -485,11 +490,7 @@ def w4a16_linear(x, w_packed, w_block_scale, w_global_scale, bias=None, *, kerne
             raise ValueError(f"the GEMV kernel takes at most 4 rows of x, got {m}")
         block_n = cfg.get("block_n", GEMV_BLOCK_N)
         block_b, splits, per_split = gemv_plan(n, nb, cfg.get("sms", sm_count(x.device, INTERPRETER_SMS)), block_n,
-                                               cfg.get("block_b", GEMV_BLOCK_B))
-        if "splits" in cfg:
-            block_b = min(cfg.get("block_b", GEMV_BLOCK_B), triton.next_power_of_2(nb))
-            per_split = triton.cdiv(triton.cdiv(nb, cfg["splits"]), block_b) * block_b
-            splits = triton.cdiv(nb, per_split)
+                                               cfg.get("block_b", GEMV_BLOCK_B), splits=cfg.get("splits"))
         part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
         _gemv_kernel[(triton.cdiv(n, block_n), splits)](
             x, words, scales, gs, bias_arg, out, part, m, n, nb, x.stride(0), words.stride(0), scales.stride(0),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.ops.moe import fused_moe
+from engine.core.ops.moe import fused_moe, kernel_shape_problem
 from engine.platforms.cpu import _native
 
 from ._common import DTYPE_CODE, PRIORITY, isa_note
@@ -29,13 +29,10 @@ def _supports(x, w13, w2, router_logits, top_k, renormalize):
         return f"x, w13, w2 dtypes {x.dtype}, {w13.dtype}, {w2.dtype}: need one of fp32, bf16 for all three"
     if not router_logits.dtype.is_floating_point:
         return f"router_logits dtype {router_logits.dtype} is not a float type"
-    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3 or router_logits.dim() != 2:
-        return "need x [T, hidden], w13 [E, 2*I, hidden], w2 [E, hidden, I], router_logits [T, E]"
-    (t, h), (e, two_i, h13) = x.shape, w13.shape
-    if two_i == 0 or two_i % 2 or h13 != h or h == 0 or e == 0:
-        return f"w13 must be [E, 2*I, hidden={h}] with I, hidden, E > 0, got {tuple(w13.shape)}"
-    if tuple(w2.shape) != (e, h, two_i // 2) or tuple(router_logits.shape) != (t, e):
-        return f"w2 {tuple(w2.shape)} or router_logits {tuple(router_logits.shape)} do not match x and w13"
+    problem = kernel_shape_problem(x, w13, w2, router_logits)
+    if problem:
+        return problem
+    e = w13.shape[0]
     if not isinstance(top_k, int) or not 1 <= top_k <= e:
         return f"top_k must be an int in [1, {e}], got {top_k!r}"
     return True

@@ -183,6 +183,7 @@ def test_gemv_plan():
     # down projection: 512 programs of 8 rows -> 1024; at the default 4 rows, 1024 programs -> 2048
     assert kmod.gemv_plan(4096, 896, 132, block_n=8, block_b=256) == (256, 2, 512)
     assert kmod.gemv_plan(4096, 896, 132, block_n=4, block_b=128) == (128, 2, 512)
+    assert kmod.gemv_plan(4096, 896, 132, block_n=4, block_b=128, splits=4) == (128, 4, 256)  # asked for (tuning)
     block_b, splits, per_split = kmod.gemv_plan(576, 36, 132)
     assert splits > 1 and per_split % block_b == 0 and per_split * (splits - 1) < 36 <= per_split * splits
 
