@@ -16,11 +16,10 @@ streams per second, and the per-token cost for 30 layers. Run:
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from cpu_timing import median_seconds
 
 from engine.core.ops.attention import make_paged_layout, paged_attention_decode
 from engine.core.ops.registry import active_registry
@@ -30,17 +29,6 @@ HQ, HK, D, BLOCK, LAYERS = 9, 3, 64, 16, 30
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def bench(fn, min_time=0.3, max_reps=2000) -> float:
-    """Median seconds per call over repeats of at least ~min_time in total (after a warm-up)."""
-    for _ in range(3):
-        fn()
-    times = []
-    start = time.perf_counter()
-    while len(times) < max_reps and (time.perf_counter() - start < min_time or len(times) < 5):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def case(batch: int, ctx: int, dtype: torch.dtype, gen: torch.Generator):
@@ -82,9 +70,9 @@ def main() -> None:
             want = paged_attention_decode.reference(*paged)
             got = paged_attention_decode(*paged)
             torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
-            t_nat = bench(lambda p=paged: paged_attention_decode(*p))
-            t_ref = bench(lambda p=paged: paged_attention_decode.reference(*p))
-            t_sdpa = bench(lambda s=sdpa: F.scaled_dot_product_attention(*s, scale=D ** -0.5, enable_gqa=True))
+            t_nat = median_seconds(lambda p=paged: paged_attention_decode(*p))
+            t_ref = median_seconds(lambda p=paged: paged_attention_decode.reference(*p))
+            t_sdpa = median_seconds(lambda s=sdpa: F.scaled_dot_product_attention(*s, scale=D ** -0.5, enable_gqa=True))
             kv_bytes = 2 * batch * ctx * HK * D * paged[1].element_size()
             print(f"{batch:>3} {ctx:>5} | {t_nat * 1e6:>10.1f} {t_ref * 1e6:>10.1f} {t_sdpa * 1e6:>10.1f} | "
                   f"{t_ref / t_nat:>8.2f} {t_sdpa / t_nat:>8.2f} | {kv_bytes / t_nat / 1e9:>8.1f} "

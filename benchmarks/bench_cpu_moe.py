@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from cpu_timing import median_seconds
 
 from engine.core.ops.moe import distinct_logits, fused_moe
 from engine.core.ops.registry import active_registry
@@ -32,17 +31,6 @@ from engine.platforms.cpu import _native
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def bench(fn, min_time=1.0, max_reps=200) -> float:
-    """Median seconds per call over repeats of at least ~min_time in total (after a warm-up)."""
-    for _ in range(2):
-        fn()
-    times = []
-    start = time.perf_counter()
-    while len(times) < max_reps and (time.perf_counter() - start < min_time or len(times) < 5):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def torch_loop(x, w13, w2, router_logits, top_k, renormalize):
@@ -99,8 +87,8 @@ def main() -> None:
             torch.testing.assert_close(fused_moe(*moe_args), want, atol=tol.atol, rtol=tol.rtol)
             # The loop rounds gate/up and h to the model dtype between its matmuls (bf16): a looser check.
             torch.testing.assert_close(torch_loop(*moe_args), want, atol=4 * tol.atol, rtol=4 * tol.rtol)
-            t_nat = bench(lambda a=moe_args: fused_moe(*a))
-            t_torch = bench(lambda a=moe_args: torch_loop(*a))
+            t_nat = median_seconds(lambda a=moe_args: fused_moe(*a), warmup=2, min_time=1.0, max_reps=200)
+            t_torch = median_seconds(lambda a=moe_args: torch_loop(*a), warmup=2, min_time=1.0, max_reps=200)
             rows.append({"dtype": name, "tokens": t, "native_ms": t_nat * 1e3, "torch_ms": t_torch * 1e3,
                          "torch_over_native": t_torch / t_nat})
             if not args.json:
