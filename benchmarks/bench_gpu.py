@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-KERNEL_SECTIONS = ("attention", "moe", "fp8", "quant")
+KERNEL_SECTIONS = ("attention", "moe", "fp8", "quant", "gemv")
 
 
 def ceilings() -> dict:
@@ -109,8 +109,32 @@ def engine_generate(llm, n: int, in_len: int, out_len: int, vocab: int) -> tuple
     return n * out_len / dt, dt, split
 
 
-def profile_decode(llm, n: int, vocab: int, out: Path) -> None:
-    """torch.profiler over a short decode-heavy workload: where host and device time go (written to out)."""
+def graph_step_ms(llm, n: int, ctx: int) -> float | None:
+    """Device time of one decode step of n sequences at context ``ctx``: the median replay of its captured graph,
+    on inputs set up here (distinct KV blocks per sequence; the cache is idle). With the step's wall time beside
+    it, this says whether a step waits on the host or on the device."""
+    import triton.testing as tt
+
+    graphs, bs = llm.runner.graphs, llm.runner.block_size
+    bucket = graphs.bucket_for(n) if graphs is not None else None
+    if bucket is None:
+        return None
+    per = -(-ctx // bs)
+    tables = [[i * per + j for j in range(per)] for i in range(n)]
+    pos = ctx - 1
+    with torch.inference_mode():
+        graphs.run(bucket, [3] * n, [pos] * n, [t[pos // bs] * bs + pos % bs for t in tables], tables, [ctx] * n)
+    torch.cuda.synchronize()
+    return tt.do_bench(graphs.graphs[bucket][0], warmup=10, rep=100, return_mode="median")
+
+
+def profile_decode(llm, n: int, vocab: int, out: Path, tag: str) -> dict:
+    """Where a decode-heavy workload's time goes (n requests, 16 in / 24 out): device kernel time per step
+    against the step's wall time (torch.profiler), and the host's Python functions (cProfile), written to out."""
+    import cProfile
+    import io
+    import pstats
+
     from torch.profiler import ProfilerActivity, profile
 
     from engine import SamplingParams
@@ -118,14 +142,31 @@ def profile_decode(llm, n: int, vocab: int, out: Path) -> None:
     prompts = _prompts(n, 16, vocab, seed=2)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     llm.generate(prompts, params)
+    torch.cuda.synchronize()
+    llm.engine.stats.reset()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
         llm.generate(prompts, params)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
     ka = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in ka)
+    steps = llm.engine.stats.num_steps
+    prof_c = cProfile.Profile()
+    prof_c.enable()
+    llm.generate(prompts, params)
+    torch.cuda.synchronize()
+    prof_c.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof_c, stream=buf).sort_stats("tottime").print_stats(30)
     text = (ka.table(sort_by="self_cpu_time_total", row_limit=30) + "\n\n"
-            + ka.table(sort_by="self_cuda_time_total", row_limit=25))
+            + ka.table(sort_by="self_device_time_total", row_limit=25) + "\n\ncProfile (host):\n" + buf.getvalue())
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"profile_{n}req.txt").write_text(text)
-    print(ka.table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+    (out / f"profile_{tag}_{n}req.txt").write_text(text)
+    res = {"n": n, "steps": steps, "wall_ms_per_step": 1e3 * wall / steps,
+           "device_ms_per_step": device_us / 1e3 / steps, "async": llm.engine.async_scheduling}
+    print(f"profile {tag} {n} req: {res}", flush=True)
+    return res
 
 
 def engine_section(ceil: dict, quick: bool, profile_dir: Path | None = None) -> list[dict]:
@@ -144,6 +185,7 @@ def engine_section(ceil: dict, quick: bool, profile_dir: Path | None = None) -> 
         write_random_llama(tmp, **shape, max_position=4096, dtype=torch.bfloat16, device="cuda")
         ckpt = load_checkpoint(tmp, torch.bfloat16)
         weight_bytes, cfg = weight_nbytes(ckpt.weights.values()), ckpt.config
+        embed_bytes = weight_nbytes([ckpt.weights["model.embed_tokens.weight"]]) if not cfg.tie_word_embeddings else 0
         del ckpt
         batches = [64] if quick or name != "llama-8b" else [64, 256]
         hf = {b: hf_generate(tmp, b, in_len, out_len, cfg.vocab_size) for b in batches}
@@ -153,24 +195,44 @@ def engine_section(ceil: dict, quick: bool, profile_dir: Path | None = None) -> 
         llm = LLM(tmp, dtype="bfloat16", max_num_seqs=max(batches), max_num_batched_tokens=8192,
                   enable_prefix_caching=False, max_model_len=1024)
         for b in batches:
+            llm.engine.async_scheduling = False  # the synchronous step order, as a same-run reference
+            sync_tps, _, sync_split = engine_generate(llm, b, in_len, out_len, cfg.vocab_size)
+            llm.engine.async_scheduling = True
             tps, dt, split = engine_generate(llm, b, in_len, out_len, cfg.vocab_size)
             roof = roofline_seconds(cfg, b, in_len, out_len, weight_bytes, ceil)
             goal = {64: 12, 256: 5}.get(b, 0) if name == "llama-8b" else 0
             rows.append({"bench": f"engine generate {name}", "shape": f"{b} req x {in_len} in / {out_len} out",
                          "tok_s": tps, "peer": "HF generate", "peer_tok_s": hf[b], "ratio": tps / hf[b],
                          "roofline_frac": roof / dt, "goal": f">= {goal}x HF, >= 70% roofline" if goal else "",
-                         "met": bool(goal) and tps / hf[b] >= goal and roof / dt >= 0.7, **split})
+                         "met": bool(goal) and tps / hf[b] >= goal and roof / dt >= 0.7,
+                         "sync_tok_s": sync_tps, "async_gain": tps / sync_tps,
+                         "sync_decode_step_ms": sync_split["decode_step_ms"], **split,
+                         "graph_step_ms": graph_step_ms(llm, b, in_len + out_len // 2)})
             print(rows[-1], flush=True)
         # single request: decode rate after the prompt, against the weight-read roofline
+        llm.engine.async_scheduling = False
+        sync_tps, _, sync_split = engine_generate(llm, 1, in_len, 129, cfg.vocab_size)
+        llm.engine.async_scheduling = True
         tps, dt, split = engine_generate(llm, 1, in_len, 129, cfg.vocab_size)
         roof_tps = ceil["copy_bytes_per_s"] / weight_bytes
         rows.append({"bench": f"engine single request {name}", "shape": f"1 req x {in_len} in / 129 out",
                      "tok_s": tps, "peer": "HF generate", "peer_tok_s": hf[1], "ratio": tps / hf[1],
                      "roofline_frac": tps / roof_tps, "goal": ">= 80% of weight-read roofline (decode)",
-                     "met": tps / roof_tps >= 0.8, "graphs": llm.runner.graphs is not None, **split})
+                     "met": tps / roof_tps >= 0.8, "graphs": llm.runner.graphs is not None,
+                     "sync_tok_s": sync_tps, "async_gain": tps / sync_tps,
+                     "sync_decode_step_ms": sync_split["decode_step_ms"], **split,
+                     "graph_step_ms": graph_step_ms(llm, 1, in_len + 64),
+                     # decode steps alone (the goal's wording), and against the bytes a decode step must read:
+                     # every weight but the embedding table, of which it reads one row per token
+                     "decode_roofline_frac": 1e3 * weight_bytes / ceil["copy_bytes_per_s"] / split["decode_step_ms"],
+                     "decode_read_roofline_frac": 1e3 * (weight_bytes - embed_bytes) / ceil["copy_bytes_per_s"]
+                     / split["decode_step_ms"]})
         print(rows[-1], flush=True)
-        if profile_dir is not None and name == "llama-1b":
-            profile_decode(llm, 64, cfg.vocab_size, profile_dir)
+        if profile_dir is not None:
+            for n in (1, 64, 256) if name == "llama-8b" else (64,):
+                if n <= max(batches):
+                    rows.append({"bench": f"profile {name}", **profile_decode(llm, n, cfg.vocab_size, profile_dir,
+                                                                             name)})
         del llm
         torch.cuda.empty_cache()
         for f in Path(tmp).iterdir():
@@ -183,7 +245,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", action="append", help="sections: ceilings, engine, " + ", ".join(KERNEL_SECTIONS))
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="also profile 64-request decode on the 1B model")
+    ap.add_argument("--profile", action="store_true", help="also profile decode (8B: 1/64/256 requests; 1B: 64)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_gpu needs a CUDA GPU", file=sys.stderr)

@@ -35,6 +35,9 @@ class Platform:
     memory_sized_kv_cache: ClassVar[bool] = False
     # True: decode steps are captured as device graphs and replayed (capture_graph works here).
     device_graphs: ClassVar[bool] = False
+    # True: the engine's default is async scheduling (a step's host work overlaps the previous step's device
+    # work; LLMEngine). It pays where kernels run after the host queues them; on the host it only adds work.
+    async_scheduling: ClassVar[bool] = False
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:

@@ -40,20 +40,27 @@ class DecodeGraphs:
         self.buckets = batch_buckets(max_num_seqs)
         self.width = math.ceil(max_model_len / block_size)
         dev, big, w = model.device, max_num_seqs, self.width
-        # All per-step inputs live in two device buffers (int64: ids, positions, slots; int32: seq_lens, then
-        # the block tables row by row), each filled by ONE copy from a pinned host twin: a step costs two
-        # host-to-device copies, not five, and no pinned allocation.
-        self._dev64 = torch.zeros(3 * big, dtype=torch.int64, device=dev)
+        # All per-step inputs live in two device buffers (int64: ids, positions, slots, then the rows and
+        # sources of inputs taken from the device; int32: seq_lens, then the block tables row by row), each
+        # filled by ONE copy from a pinned host twin: a step costs two host-to-device copies and no pinned
+        # allocation. The host twins come in two sets used in turn: with async scheduling a step is prepared
+        # while the previous one's copies may still be queued (the one before that has completed: the engine
+        # waited for its sampled tokens).
+        self._dev64 = torch.zeros(5 * big, dtype=torch.int64, device=dev)
         self._dev32 = torch.zeros(big * (1 + w), dtype=torch.int32, device=dev)
         pin = dev.type != "cpu" and torch.accelerator.is_available()
-        self._host64 = torch.zeros(3 * big, dtype=torch.int64, pin_memory=pin)
-        self._host32 = torch.zeros(big * (1 + w), dtype=torch.int32, pin_memory=pin)
-        self._h64, self._h32 = self._host64.numpy(), self._host32.numpy()
-        self._h32[:big] = 1  # padding rows attend to one token
-        self._h64[2 * big:] = -1  # and write nothing
-        self._dev64.copy_(self._host64)
-        self._dev32.copy_(self._host32)
-        self.ids, self.positions, self.slots = self._dev64.view(3, big)
+        self._host = []
+        for _ in range(2):
+            host64 = torch.zeros(5 * big, dtype=torch.int64, pin_memory=pin)
+            host32 = torch.zeros(big * (1 + w), dtype=torch.int32, pin_memory=pin)
+            h64, h32 = host64.numpy(), host32.numpy()
+            h32[:big] = 1  # padding rows attend to one token
+            h64[2 * big:3 * big] = -1  # and write nothing
+            self._host.append((host64, host32, h64, h32))
+        self._turn = 0
+        self._dev64.copy_(self._host[0][0])
+        self._dev32.copy_(self._host[0][1])
+        self.ids, self.positions, self.slots, self._dst, self._src = self._dev64.view(5, big)
         self.seq_lens = self._dev32[:big]
         self.tables = self._dev32[big:].view(big, w)
         self.big = big
@@ -90,23 +97,37 @@ class DecodeGraphs:
             return None
         return next((b for b in self.buckets if b >= n and b in self.graphs), None)
 
-    def run(self, b: int, ids, positions, slots, tables, seq_lens) -> torch.Tensor:
+    def run(self, b: int, ids, positions, slots, tables, seq_lens, fix=None) -> torch.Tensor:
         """Replay bucket ``b`` on the n <= b sequences given (host lists); returns their logits [n, vocab] (a view
-        of the graph's output, valid until the next replay)."""
+        of the graph's output, valid until the next replay). ``fix``: (rows, source rows, tokens) — input ids
+        taken from a device tensor of tokens instead of ``ids`` (async scheduling; see ModelRunner.run)."""
         n, big, w = len(ids), self.big, self.width
-        h64, h32 = self._h64, self._h32
-        # The previous step's copies have completed: its sampled tokens were read back before this step began.
+        host64, host32, h64, h32 = self._host[self._turn]
+        self._turn ^= 1
         h64[:n] = ids
+        h64[n:b] = 0  # padding rows read a valid token (a row may hold a placeholder from an earlier step)
         h64[big:big + n] = positions
         h64[2 * big:2 * big + n] = slots
         h64[2 * big + n:2 * big + b] = -1  # padding rows write nothing
+        k = 0
+        if fix is not None:
+            dst, src, tokens = fix
+            k = len(dst)
+            h64[dst] = 0  # never a placeholder in the buffer, not even in rows a later, smaller bucket leaves
+            h64[3 * big:3 * big + k] = dst
+            h64[4 * big:4 * big + k] = src
         h32[:n] = seq_lens
         h32[n:b] = 1
         rows = h32[big:big + b * w].reshape(b, w)
         for i, t in enumerate(tables):
             rows[i, :len(t)] = t
-        self._dev64.copy_(self._host64, non_blocking=True)
-        self._dev32[:big + b * w].copy_(self._host32[:big + b * w], non_blocking=True)
+        self._dev64.copy_(host64, non_blocking=True)
+        self._dev32[:big + b * w].copy_(host32[:big + b * w], non_blocking=True)
+        if k:
+            if dst == src == list(range(k)):  # the usual case: the same sequences in the same order
+                self.ids[:k].copy_(tokens[:k])
+            else:
+                self.ids.index_copy_(0, self._dst[:k], tokens.index_select(0, self._src[:k]))
         replay, logits = self.graphs[b]
         replay()
         return logits[:n]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
+from contextlib import contextmanager
 
 import torch
 
@@ -37,6 +38,18 @@ def resolve_activation_quant(choice: str) -> str:
     return "q8" if active_registry().implementations(gguf_linear_q8act) else "none"
 
 
+@contextmanager
+def _one_host_thread():
+    """torch's host ops on one thread: building the model is small copies (stacked projections, the rotary table),
+    which a parallel region only slows down, by 10-100x when another process holds the cores it waits for."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class LLM:
     """Load a model and serve requests with continuous batching over a paged KV cache.
 
@@ -56,6 +69,8 @@ class LLM:
     one) into a different greedy token; "none" keeps such differences at the last bit.
     ``speculative_config``: speculative decoding, vLLM's shape (see spec_decode/config.py), e.g.
     ``{"method": "ngram", "num_speculative_tokens_per_batch_size": {1: 4, 8: 2, 32: 0}}``.
+    ``async_scheduling``: overlap each step's host work with the device's work on the step before (see
+    LLMEngine); None: where the platform says it pays (``Platform.async_scheduling``).
     """
 
     def __init__(self, model: str | None = None, *, dtype: torch.dtype | str = "float32",
@@ -64,7 +79,7 @@ class LLM:
                  kv_cache_bytes: int | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 1024,
                  enable_prefix_caching: bool = True, dequantize: bool = False, activation_quant: str = "none",
                  gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
-                 speculative_config: dict | None = None):
+                 speculative_config: dict | None = None, async_scheduling: bool | None = None):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
@@ -78,8 +93,9 @@ class LLM:
         if self.platform.memory_sized_kv_cache:
             free, total = self.platform.memory_info(device.index or 0)
             budget = check_weights_fit(weights_bytes, free, total, gpu_memory_utilization, str(device))
-        self.model = DecoderModel(ckpt.config, ckpt.weights, dtype, device,
-                                  quantize_activations=self.activation_quant == "q8")
+        with _one_host_thread():
+            self.model = DecoderModel(ckpt.config, ckpt.weights, dtype, device,
+                                      quantize_activations=self.activation_quant == "q8")
         del ckpt
         self.max_model_len = min(max_model_len or self.config.max_position, self.config.max_position)
         block_bytes = kv_bytes_per_token(self.config, dtype) * block_size
@@ -99,6 +115,7 @@ class LLM:
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    max_model_len=self.max_model_len, eos_token_ids=eos)
         self.engine = LLMEngine(self.runner, self.scheduler, self.tokenizer, self.max_model_len)
+        self.engine.async_scheduling = self.platform.async_scheduling if async_scheduling is None else async_scheduling
         if speculative_config is not None:
             from .spec_decode import build_speculator
 

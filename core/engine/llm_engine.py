@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from .detokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, Logprob, RequestOutput, StepUpdate
-from .sampler import Sampler, TokenLogprobs
+from .sampler import DeviceSample, Sampler, TokenLogprobs
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -28,9 +28,28 @@ class _Completion:
     emitted: int = 0  # characters already streamed
 
 
+@dataclass
+class _InFlight:
+    """A launched step whose sampled tokens are still on their way to the host (async scheduling): each of
+    ``seqs`` ends in a placeholder token, the one in row ``rows[seq_id]`` of ``sample.tokens``."""
+
+    seqs: list[Sequence]
+    rows: dict[int, int]
+    sample: DeviceSample
+
+
 class LLMEngine:
     """``add_request`` then call ``step`` until ``has_unfinished`` is False. Each step returns the
-    updates of the requests that produced a token (or finished) in it."""
+    updates of the requests that produced a token (or finished) in it.
+
+    With ``async_scheduling`` (vLLM's name; on where the platform says it pays, ``Platform.async_scheduling``)
+    a step launches its device work, then turns the PREVIOUS step's sampled tokens into outputs (detokenizing,
+    stop checks) while the device computes, and returns those: a token reaches its caller one step later, and
+    the host work of one step hides behind the device work of the next. The sampled tokens never make a host
+    round trip to become the next step's inputs (ModelRunner.run's ``prev``). A sequence that stops on a token
+    has had one more token computed meanwhile; it is discarded (its KV slot was in the sequence's own blocks,
+    freed with them). Steps fall back to the synchronous order where the next step's inputs need the tokens on
+    the host: speculative decoding, penalties and logits processors (grammars). Greedy outputs are identical."""
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer, max_model_len: int):
         self.runner, self.scheduler, self.tokenizer = runner, scheduler, tokenizer
@@ -41,6 +60,8 @@ class LLMEngine:
         self._by_request_id: dict[str, list[Sequence]] = {}  # unfinished requests' sequences
         self.stats = EngineStats()  # per-step and per-request statistics (see stats.py)
         self.speculator = None  # a spec_decode.Speculator when speculative decoding is on (set by LLM)
+        self.async_scheduling = False  # set by LLM from the platform (see the class docstring)
+        self._inflight: _InFlight | None = None
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
                     request_id: str | None = None) -> str:
@@ -92,9 +113,55 @@ class LLMEngine:
         return out
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     def step(self) -> list[StepUpdate]:
+        if self.async_scheduling and self.speculator is None:
+            return self._step_async()
+        updates = self._resolve() if self._inflight is not None else []  # async was switched off
+        return updates + self._step_sync()
+
+    def _step_async(self) -> list[StepUpdate]:
+        start = time.perf_counter()
+        updates = []
+        if self._inflight is not None and any(_needs_host_tokens(s) for s in self._inflight.seqs):
+            updates = self._resolve()  # their penalties or processors read the previous token on the host
+        sched = self.scheduler.schedule()
+        self.num_preemptions += len(sched.preempted)
+        if not sched.scheduled:
+            return updates + self._resolve() if self._inflight is not None else updates
+        num_decode = sum(1 for s, _ in sched.scheduled if s.output_token_ids and not s.in_prefill)
+        num_prefill = sched.num_batched_tokens - num_decode
+        kv_slots = kv_occupancy(self.scheduler.running, sched.scheduled, self.scheduler.block_manager.block_size)
+        prev = self._inflight
+        logits, sampled_seqs = self.runner.run(sched.scheduled, prev=(prev.sample.tokens, prev.rows) if prev else None)
+        sample = self.sampler.sample_on_device(logits, sampled_seqs).to_host() if sampled_seqs else None
+        # The device computes this step while the host turns the previous one into outputs.
+        if prev is not None:
+            updates += self._resolve()
+        rows = {s.seq_id: i for i, s in enumerate(sampled_seqs)}
+        pending = self.scheduler.advance(sched.scheduled, set(rows))  # skips those the previous tokens stopped
+        self._inflight = _InFlight(pending, {s.seq_id: rows[s.seq_id] for s in pending}, sample) if pending else None
+        self.stats.on_step(start, time.perf_counter(), num_prefill, num_decode, len(sched.scheduled), *kv_slots)
+        return updates
+
+    def _resolve(self) -> list[StepUpdate]:
+        """Read the in-flight step's tokens (waiting for them alone), put them in place of the placeholders,
+        apply the stop checks and return the outputs."""
+        inflight, self._inflight = self._inflight, None
+        tokens, logprobs = inflight.sample.result()
+        now = time.perf_counter()
+        updates = []
+        for seq in inflight.seqs:
+            if seq.seq_id not in self._requests:  # aborted meanwhile
+                continue
+            row = inflight.rows[seq.seq_id]
+            self.scheduler.resolve(seq, tokens[row])
+            updates.append(self._advance(seq, tokens[row], logprobs[row]))
+            self.stats.on_token(seq.seq_id, now, seq.is_finished)
+        return updates
+
+    def _step_sync(self) -> list[StepUpdate]:
         start = time.perf_counter()
         if self.speculator is not None:
             self.speculator.plan()
@@ -185,6 +252,11 @@ class LLMEngine:
             if i != -1 and (best is None or i < best):
                 best, which = i, s
         return best, which
+
+
+def _needs_host_tokens(seq: Sequence) -> bool:
+    """Whether sampling ``seq``'s next token reads its generated tokens on the host."""
+    return seq.params.has_penalties or bool(seq.params.logits_processors)
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -91,22 +91,48 @@ class ModelRunner:
         self.graphs = graphs if graphs.graphs else None
 
     @torch.inference_mode()
-    def run(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, list[int]] | None = None
-            ) -> tuple[torch.Tensor, list[Sequence]]:
+    def run(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, list[int]] | None = None,
+            prev: tuple[torch.Tensor, dict[int, int]] | None = None) -> tuple[torch.Tensor, list[Sequence]]:
         """Compute the step; returns fp32 logits [rows, vocab] and the sequences they belong to: one row per
-        sampled sequence, or 1 + k consecutive rows for one verifying k ``drafts`` (speculative steps run eagerly)."""
+        sampled sequence, or 1 + k consecutive rows for one verifying k ``drafts`` (speculative steps run eagerly).
+
+        ``prev`` (async scheduling): the previous step's sampled tokens, still on the device, and the row of each
+        sequence's token in them. A scheduled sequence listed there ends in a placeholder token (it must be its
+        last, and the chunk's last, token); its input id is taken from the device instead of the host."""
         drafts = {i: d for i, d in (drafts or {}).items() if d}
+        fix = self._device_inputs(scheduled, prev) if prev is not None else None
         bucket = None
         if self.graphs is not None and not drafts and all(n == 1 for _, n in scheduled):
             bucket = self.graphs.bucket_for(len(scheduled))
         if bucket is not None:
             ids, positions, slots, _, seq_lens, tables, _, sampled = self._host_batch(scheduled, pad_tables=False)
-            return self.graphs.run(bucket, ids, positions, slots, tables, seq_lens), sampled
+            return self.graphs.run(bucket, ids, positions, slots, tables, seq_lens, fix), sampled
         ids, batch, sampled = self.build_batch(scheduled, drafts)
+        if fix is not None:
+            dst, src, tokens = fix
+            ids.index_copy_(0, self._upload(dst, torch.int64), tokens.index_select(0, self._upload(src, torch.int64)))
         hidden = self.model.forward(ids, batch, self.kv_caches)
         if not sampled:
             return hidden.new_empty((0, 0), dtype=torch.float32), sampled
         return self.model.logits(hidden[batch.logits_indices]), sampled
+
+    @staticmethod
+    def _device_inputs(scheduled: list[tuple[Sequence, int]], prev: tuple[torch.Tensor, dict[int, int]]
+                       ) -> tuple[list[int], list[int], torch.Tensor] | None:
+        """(rows of the flat batch, rows of ``prev``'s tokens, the tokens) for the inputs still on the device."""
+        tokens, rows = prev
+        dst, src, end = [], [], 0
+        for seq, n in scheduled:
+            end += n
+            row = rows.get(seq.seq_id)
+            if row is None:
+                continue
+            if seq.num_computed_tokens + n != len(seq):
+                raise RuntimeError(f"ModelRunner.run: {seq} ends in a token still on the device but its chunk does "
+                                   "not reach it")
+            dst.append(end - 1)
+            src.append(row)
+        return (dst, src, tokens) if dst else None
 
 
 @functools.cache

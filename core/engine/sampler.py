@@ -41,9 +41,9 @@ class Sampler:
             return logits.argmax(dim=-1)
         out = torch.empty(len(seqs), dtype=torch.int64, device=device)
         if greedy:
-            g = torch.tensor(greedy, device=device)
+            g = _on_device(greedy, device)
             out[g] = logits[g].argmax(dim=-1)
-        r = torch.tensor(rand, device=device) if greedy else None
+        r = _on_device(rand, device) if greedy else None
         x = (logits if r is None else logits[r]).float()
         probs = sampling_probs(x, [params[i] for i in rand])
         out_r = (probs / self._exponentials(probs, [seqs[i] for i in rand])).argmax(dim=-1)
@@ -55,23 +55,22 @@ class Sampler:
     def sample_with_logprobs(self, logits: torch.Tensor, seqs: list[Sequence]
                              ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """The sampled token ids as a host list and, per row, its TokenLogprobs (None for rows not asking)."""
+        return self.sample_on_device(logits, seqs).to_host().result()
+
+    def sample_on_device(self, logits: torch.Tensor, seqs: list[Sequence]) -> DeviceSample:
+        """``sample`` plus the logprob tensors rows ask for, all left on the logits' device (no host read)."""
         tokens = self.sample(logits, seqs)
         want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-        host = tokens.tolist()
         if not want:
-            return host, [None] * len(seqs)
-        rows = torch.tensor(want, device=logits.device)
+            return DeviceSample(tokens, len(seqs))
+        rows = _on_device(want, logits.device)
         lp = logits[rows].float().log_softmax(dim=-1)
         chosen = lp.gather(1, tokens[rows].unsqueeze(1))
         rank = (lp > chosen).sum(dim=-1) + 1
         k = max(seqs[i].params.logprobs for i in want)
         top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], rows.new_empty((len(want), 0)))
-        chosen, rank, top_v, top_i = chosen.squeeze(1).tolist(), rank.tolist(), top_v.tolist(), top_i.tolist()
-        out: list[TokenLogprobs | None] = [None] * len(seqs)
-        for j, i in enumerate(want):
-            kk = seqs[i].params.logprobs
-            out[i] = (chosen[j], rank[j], list(zip(top_i[j][:kk], top_v[j][:kk], strict=True)))
-        return host, out
+        ks = [seqs[i].params.logprobs for i in want]
+        return DeviceSample(tokens, len(seqs), want, ks, (chosen.squeeze(1), rank, top_v, top_i))
 
     def _exponentials(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         q = torch.empty_like(probs)
@@ -80,7 +79,7 @@ class Sampler:
             q.exponential_(generator=self.generator)
         else:
             if unseeded:
-                idx = torch.tensor(unseeded, device=probs.device)
+                idx = _on_device(unseeded, probs.device)
                 q[idx] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_(
                     generator=self.generator)
             for i, s in enumerate(seqs):
@@ -90,19 +89,76 @@ class Sampler:
         return q.clamp_min_(torch.finfo(q.dtype).tiny)
 
 
+class DeviceSample:
+    """A step's sampled tokens (``tokens``, int64 on the device) and requested logprobs, not yet on the host.
+
+    ``to_host()`` starts a non-blocking copy of everything to host memory and records an event on the device's
+    stream; ``result()`` waits for that event only (not for work queued after it) and returns the host lists
+    ``sample_with_logprobs`` returns. An engine that launches the next step in between overlaps the two."""
+
+    def __init__(self, tokens: torch.Tensor, num_rows: int, want: list[int] | None = None,
+                 ks: list[int] | None = None, logprob_parts: tuple | None = None):
+        self.tokens, self.num_rows = tokens, num_rows
+        self.want, self.ks, self.parts = want or [], ks or [], logprob_parts
+        self._host: list[torch.Tensor] | None = None
+        self._event = None
+
+    def to_host(self) -> DeviceSample:
+        tensors = [self.tokens, *(self.parts or ())]
+        if _runs_asynchronously(self.tokens.device):
+            self._host = [t.to("cpu", non_blocking=True) for t in tensors]
+            self._event = torch.Event(device=self.tokens.device)
+            self._event.record()
+        else:  # host tensors: already computed, nothing to wait for
+            self._host = tensors
+        return self
+
+    def result(self) -> tuple[list[int], list[TokenLogprobs | None]]:
+        if self._host is None:
+            self.to_host()
+        if self._event is not None:
+            self._event.synchronize()
+        host = self._host[0].tolist()
+        out: list[TokenLogprobs | None] = [None] * self.num_rows
+        if not self.want:
+            return host, out
+        chosen, rank, top_v, top_i = (t.tolist() for t in self._host[1:])
+        for j, (i, kk) in enumerate(zip(self.want, self.ks, strict=True)):
+            out[i] = (chosen[j], rank[j], list(zip(top_i[j][:kk], top_v[j][:kk], strict=True)))
+        return host, out
+
+
+def _on_device(values: list, device: torch.device) -> torch.Tensor:
+    """A small host list as a tensor on ``device`` (dtype inferred). On an accelerator it goes through pinned
+    memory without blocking: a plain copy would wait for the device to finish all queued work (the step just
+    launched, under async scheduling)."""
+    t = torch.tensor(values)
+    if not _runs_asynchronously(device):
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _runs_asynchronously(device: torch.device) -> bool:
+    """True for the current accelerator's device: its kernels run after the host has queued them."""
+    if not torch.accelerator.is_available():
+        return False
+    acc = torch.accelerator.current_accelerator()
+    return acc is not None and device.type == acc.type
+
+
 def sampling_probs(x: torch.Tensor, params: list) -> torch.Tensor:
     """The distribution each row of fp32 logits ``x`` is sampled from under its SamplingParams (non-greedy):
     temperature, then top-k, then top-p, then min-p (filtered tokens get probability 0; rows not renormalised
     after min-p). Speculative decoding's rejection sampler uses it as the target distribution."""
     device = x.device
     # The floor keeps logits / T finite for absurdly small temperatures (it is greedy in effect there).
-    temperature = torch.tensor([p.temperature for p in params], device=device).clamp_min_(1e-5)
+    temperature = _on_device([p.temperature for p in params], device).clamp_min_(1e-5)
     x = x / temperature.unsqueeze(1)
     if any(p.top_k > 0 or p.top_p < 1 for p in params):
         x = _top_k_top_p(x, [p.top_k for p in params], [p.top_p for p in params])
     probs = x.softmax(dim=-1)
     if any(p.min_p > 0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
+        min_p = _on_device([p.min_p for p in params], device).unsqueeze(1)
         probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
     return probs
 
@@ -142,11 +198,11 @@ def _top_k_top_p(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch
     vocab = x.shape[1]
     device = x.device
     sorted_x, order = x.sort(dim=-1, descending=True)
-    k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=device).unsqueeze(1)
+    k = _on_device([k if 0 < k < vocab else vocab for k in top_k], device).unsqueeze(1)
     sorted_x = sorted_x.masked_fill(torch.arange(vocab, device=device).unsqueeze(0) >= k, float("-inf"))
     if any(p < 1 for p in top_p):
         # 2.0 for rows with the filter off: rounding can push the cumulative sum past 1.0.
-        p = torch.tensor([p if p < 1 else 2.0 for p in top_p], device=device).unsqueeze(1)
+        p = _on_device([p if p < 1 else 2.0 for p in top_p], device).unsqueeze(1)
         probs = sorted_x.softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
         drop = mass_before >= p

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
 
+PLACEHOLDER = -1  # an output token sampled on the device and not yet read back (async scheduling)
+
 
 @dataclass
 class SchedulerOutput:
@@ -176,6 +178,45 @@ class Scheduler:
                 self.finish(seq, reason)
                 finished.append(seq)
         return finished
+
+    # ---- async scheduling: ``update`` in two halves -----------------------------------------------------
+    def advance(self, scheduled: list[tuple[Sequence, int]], sampled_ids: set[int]) -> list[Sequence]:
+        """``update`` before the sampled tokens are known: count the computed tokens and give each sampled
+        sequence a PLACEHOLDER token, so the next step can be scheduled (lengths and KV slots do not depend on
+        the token's value). Length limits finish sequences here; the token's own stop checks wait for
+        ``resolve``. Sequences finished meanwhile (aborted, stopped) are skipped. Returns the sequences that
+        got a placeholder, in order."""
+        out = []
+        for seq, n in scheduled:
+            if seq.is_finished:
+                continue
+            if (seq.num_computed_tokens + n == len(seq)) != (seq.seq_id in sampled_ids):
+                raise RuntimeError(f"Scheduler.advance: {seq} was granted {n} tokens but its sampled state disagrees")
+            seq.num_computed_tokens += n
+            self.block_manager.mark_computed(seq)  # only computed tokens are hashed: never the placeholder
+            if seq.seq_id not in sampled_ids:
+                continue
+            seq.output_token_ids.append(PLACEHOLDER)
+            out.append(seq)
+            if len(seq.output_token_ids) >= seq.params.max_tokens or len(seq) >= self.max_seq_len:
+                self.finish(seq, "length")
+        return out
+
+    def resolve(self, seq: Sequence, token: int) -> None:
+        """Put the sampled ``token`` in place of ``seq``'s last (placeholder) token and apply its stop checks,
+        as ``update`` would have. A sequence already finished by length whose token is a stop token ends with
+        "stop" instead, as ``update`` decides (its blocks are already free)."""
+        if not seq.output_token_ids or seq.output_token_ids[-1] != PLACEHOLDER:
+            raise RuntimeError(f"Scheduler.resolve: {seq} has no placeholder token to resolve")
+        token = int(token)
+        seq.output_token_ids[-1] = token
+        reason = self._stop_reason(seq, token)
+        if reason is None:
+            return
+        if not seq.is_finished:
+            self.finish(seq, reason)
+        elif seq.finish_reason == "length":
+            seq.finish_reason = reason
 
     # ---- internals --------------------------------------------------------------------------------------
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:

@@ -74,3 +74,32 @@ def test_a_gguf_model_runs_quantized_on_the_gpu_as_on_the_cpu(model_dir, prompts
     assert any(name.startswith("cuda.") for name in used["gguf_linear"]), used
     _, cpu, _ = _engine_tokens(path, "cpu", small)
     assert gpu == cpu
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
+def test_async_scheduling_gives_the_synchronous_outputs(model_dir, prompts, enforce_eager):
+    """On by default here (the cuda platform says it pays). Where both orders run the same batches (no stop on a
+    token) everything is bit-identical: greedy and seeded tokens, n > 1, logprobs. A stop on a token makes the
+    async order compute one discarded token, so the next step's batch differs in size; there the tokens and
+    finish reasons are compared (the logprobs may differ in the last bits: the GEMMs are not batch-invariant)."""
+    def run(mode, params, logprobs=True):
+        llm = LLM(str(model_dir), platform="cuda", dtype="float32", num_kv_blocks=128, block_size=16,
+                  max_num_batched_tokens=32, enforce_eager=enforce_eager, async_scheduling=mode)
+        assert llm.engine.async_scheduling is (mode is not False)
+        return [[(c.token_ids, c.finish_reason, c.stop_reason) + ((c.logprobs,) if logprobs else ()) for c in o.outputs]
+                for o in llm.generate(prompts, params)]
+
+    same_batches = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                    SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=16, logprobs=2, n=2, ignore_eos=True),
+                    SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=1),
+                    SamplingParams(temperature=0.7, seed=9, max_tokens=7, ignore_eos=True)]
+    sync = run(False, same_batches)
+    assert run(None, same_batches) == sync
+    stops = [sync[0][0][0][5], sync[2][0][0][1]]
+    stopping = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stops[0]]),
+                SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stops[1]]),
+                SamplingParams(temperature=0, max_tokens=7, ignore_eos=True)]
+    sync = run(False, stopping, logprobs=False)
+    assert sync[0][0][1] == "stop" and sync[2][0][1] == "stop"
+    assert run(True, stopping, logprobs=False) == sync
