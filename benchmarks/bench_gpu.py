@@ -3,6 +3,7 @@ the engine against HF transformers ``generate`` on random-weight Llama models, w
 
     python benchmarks/bench_gpu.py --out DIR             # everything (about 10 minutes on an H200)
     python benchmarks/bench_gpu.py --out DIR --only engine --quick
+    BENCH_SHAPES=llama-8b BENCH_BATCHES=256 python benchmarks/bench_gpu.py --out DIR --only engine
 
 Writes DIR/bench_gpu.json and DIR/bench_gpu.md and prints the table. Kernel sections come from
 benchmarks/gpu/<name>.py (each exposes ``run() -> list[dict]``); a section that fails is reported with its
@@ -188,6 +189,8 @@ def engine_section(ceil: dict, quick: bool, profile_dir: Path | None = None) -> 
         embed_bytes = weight_nbytes([ckpt.weights["model.embed_tokens.weight"]]) if not cfg.tie_word_embeddings else 0
         del ckpt
         batches = [64] if quick or name != "llama-8b" else [64, 256]
+        if os.environ.get("BENCH_BATCHES"):  # e.g. BENCH_BATCHES=256 (the single-request row always runs)
+            batches = [int(b) for b in os.environ["BENCH_BATCHES"].split(",")]
         hf = {b: hf_generate(tmp, b, in_len, out_len, cfg.vocab_size) for b in batches}
         hf[1] = hf_generate(tmp, 1, in_len, 32, cfg.vocab_size)
         print(f"{name}: HF generate tok/s {hf}", flush=True)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from engine.core.ops.gguf_q8act import gguf_linear_q8act
 from engine.core.ops.gguf_quant import gguf_dequantize, gguf_linear
+from engine.core.ops.linear import linear
 from engine.core.ops.registry import CallSite
 
 from .weights import QuantizedWeight, Weight
@@ -15,20 +16,23 @@ from .weights import QuantizedWeight, Weight
 
 class Linear:
     """``linear`` at one call site of a model: ``self(key, x)`` with the step's shape key (see CallSite), so the
-    quantized kernel is looked up once per step shape instead of dispatched on every call."""
+    kernel (the dense ``linear`` op's or a quantized one's) is looked up once per step shape instead of dispatched
+    on every call. A platform with no dense kernel runs the op's reference, torch's F.linear."""
 
-    __slots__ = ("w", "bias", "site", "raw", "qtype", "cols")
+    __slots__ = ("w", "bias", "site", "raw", "qtype", "cols", "quantized")
 
     def __init__(self, w: Weight, bias: torch.Tensor | None = None):
         self.w, self.bias = w, bias
-        self.site = None
-        if isinstance(w, QuantizedWeight):
+        self.quantized = isinstance(w, QuantizedWeight)
+        if self.quantized:
             self.site = CallSite(gguf_linear_q8act if w.quantize_activations else gguf_linear)
             self.raw, self.qtype, self.cols = w.raw, w.qtype, w.cols
+        else:
+            self.site = CallSite(linear)
 
     def __call__(self, key, x: torch.Tensor) -> torch.Tensor:
-        if self.site is None:
-            return F.linear(x, self.w, self.bias)
+        if not self.quantized:
+            return self.site(key, x, self.w, self.bias)
         y = self.site(key, x, self.raw, self.qtype, self.cols)
         return y if self.bias is None else y + self.bias
 

@@ -12,6 +12,7 @@ from .fp8_quant import fp8_quantize_per_token
 from .gguf_q8act import gguf_linear_q8act
 from .gguf_quant import gguf_dequantize, gguf_linear
 from .kv_cache import write_kv_cache
+from .linear import linear
 from .mla import mla_decode
 from .moe import fused_moe
 from .moe_fp8 import fused_moe_fp8
@@ -19,12 +20,13 @@ from .norm import fused_add_rms_norm, rms_norm
 from .nvfp4 import nvfp4_linear, nvfp4_linear_w4a4, nvfp4_quantize
 from .registry import OPS, Case, KernelRegistry, OpDef, Tolerance, active_registry
 from .rotary import build_cos_sin_cache, rotary_embedding
+from .rotary_kv import rotary_write_kv
 
 __all__ = [
     "OPS", "Case", "KernelRegistry", "OpDef", "Tolerance", "active_registry",
     "all_reduce", "build_cos_sin_cache", "fp8_linear", "fused_add_rms_norm", "fused_moe", "fused_moe_fp8",
-    "gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "mla_decode", "nvfp4_linear", "nvfp4_linear_w4a4",
+    "gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "linear", "mla_decode", "nvfp4_linear", "nvfp4_linear_w4a4",
     "nvfp4_quantize",
     "paged_attention_decode", "paged_attention_prefill",
-    "fp8_quantize_per_token", "rms_norm", "rotary_embedding", "silu_and_mul", "write_kv_cache",
+    "fp8_quantize_per_token", "rms_norm", "rotary_embedding", "rotary_write_kv", "silu_and_mul", "write_kv_cache",
 ]

@@ -20,10 +20,11 @@ import os
 KERNEL_MODULES = {
     "attention": ("paged_attention_decode", "paged_attention_prefill"),
     "kv_cache": ("write_kv_cache",),
+    "linear": ("linear",),
     "gguf_linear": ("gguf_linear", "gguf_dequantize"),
     "norm": ("rms_norm", "fused_add_rms_norm"),
     "activation": ("silu_and_mul",),
-    "rotary": ("rotary_embedding",),
+    "rotary": ("rotary_embedding", "rotary_write_kv"),
     "fused_moe": ("fused_moe", "fused_moe_fp8"),
     "fp8_linear": ("fp8_linear", "fp8_quantize_per_token"),
     "nvfp4": ("nvfp4_quantize", "nvfp4_linear", "nvfp4_linear_w4a4"),

@@ -5,6 +5,9 @@ One launch for q and k: program (t, 0) rotates every head of token t's q, progra
 token's cos/sin row is read once per program. Tile [BLOCK_H heads, rot_dim / 2 pairs]. fp32 math in the reference's
 order (``a*cos - b*sin``, ``b*cos + a*sin``), one rounding. q and k may be strided views (e.g. slices of a fused qkv
 projection): any [T, H*D] or [T, H, D] layout with per-element strides.
+
+``rotary_write_kv`` is the same kernel with program (t, 1) storing the rotated k, and v, straight into cache slot
+``slot_mapping[t]`` (the attention block's rotary and KV write in one launch; a negative slot stores nothing).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import triton
 import triton.language as tl
 
 from engine.core.ops.rotary import rotary_embedding
+from engine.core.ops.rotary_kv import rotary_write_kv
 from engine.platforms.triton_kernels import interpreting
 from engine.platforms.triton_kernels.norm import cast_rne
 
@@ -71,6 +75,37 @@ def _rotary_kernel(pos_ptr, q_ptr, k_ptr, qo_ptr, ko_ptr, cs_ptr, HQ, HK,
                       HD, ROT, NEOX, BLOCK_H, BLOCK_R, BLOCK_T, EMULATE)
 
 
+@triton.jit
+def _rotary_write_kv_kernel(pos_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, slot_ptr, cs_ptr, HQ, HK,
+                            s_pos, s_slot, s_qt, s_qh, s_qd, s_kt, s_kh, s_kd, s_vt, s_vh, s_vd, s_cp, s_cr,
+                            HD: tl.constexpr, ROT: tl.constexpr, NEOX: tl.constexpr, BLOCK_H: tl.constexpr,
+                            BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                            EMULATE: tl.constexpr):
+    """_rotary_kernel with program (t, 1) storing the rotated k, and copying v, straight into cache slot
+    slot_mapping[t] (contiguous [Hk, D] per slot); a negative slot masks every store of that program."""
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t * s_pos)
+    j = tl.arange(0, BLOCK_R)
+    mj = j < ROT // 2
+    cs_row = cs_ptr + pos * s_cp
+    cos = tl.load(cs_row + j * s_cr, mask=mj, other=0.0).to(tl.float32)
+    sin = tl.load(cs_row + (j + ROT // 2) * s_cr, mask=mj, other=0.0).to(tl.float32)
+    if tl.program_id(1) == 0:
+        _rotate_heads(q_ptr + t * s_qt, qo_ptr + t * (HQ * HD), HQ, s_qh, s_qd, cos, sin,
+                      HD, ROT, NEOX, BLOCK_H, BLOCK_R, BLOCK_T, EMULATE)
+    else:
+        slot = tl.load(slot_ptr + t * s_slot)
+        h_end = tl.where(slot >= 0, HK, 0)
+        dst = tl.maximum(slot, 0) * (HK * HD)
+        _rotate_heads(k_ptr + t * s_kt, kc_ptr + dst, h_end, s_kh, s_kd, cos, sin,
+                      HD, ROT, NEOX, BLOCK_H, BLOCK_R, BLOCK_T, EMULATE)
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        m = (h[:, None] < h_end) & (d[None, :] < HD)
+        v = tl.load(v_ptr + t * s_vt + h[:, None] * s_vh + d[None, :] * s_vd, mask=m)
+        tl.store(vc_ptr + dst + h[:, None] * HD + d[None, :], v, mask=m)
+
+
 def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     """x as [T, H, D]: a view where the strides allow (the usual case), else a copy (x is only read)."""
     t = x.shape[0]
@@ -96,6 +131,44 @@ def triton_rotary_embedding(positions, q, k, cos_sin_cache, head_dim: int, is_ne
         EMULATE=interpreting(), num_warps=4,
         enable_fp_fusion=False)  # a*cos - b*sin rounded twice, as in the reference, not contracted to an FMA
     return q_out, k_out
+
+
+def triton_rotary_write_kv(positions, q, k, v, cos_sin_cache, head_dim: int, is_neox: bool, q_out, key_cache,
+                           value_cache, slot_mapping) -> None:
+    t = positions.shape[0]
+    if t == 0:
+        return
+    hq, hk = q.shape[1], k.shape[1]
+    rot = cos_sin_cache.shape[1]
+    _rotary_write_kv_kernel[(t, 2)](
+        positions, q, k, v, q_out, key_cache, value_cache, slot_mapping, cos_sin_cache, hq, hk,
+        positions.stride(0), slot_mapping.stride(0), *q.stride(), *k.stride(), *v.stride(), *cos_sin_cache.stride(),
+        HD=head_dim, ROT=rot, NEOX=bool(is_neox), BLOCK_H=triton.next_power_of_2(max(hq, hk)),
+        BLOCK_R=triton.next_power_of_2(rot // 2), BLOCK_T=triton.next_power_of_2(max(head_dim - rot, 1)),
+        BLOCK_D=triton.next_power_of_2(head_dim), EMULATE=interpreting(), num_warps=4, enable_fp_fusion=False)
+
+
+def _supports_write_kv(device_type, positions, q, k, v, cos_sin_cache, head_dim, is_neox, q_out, key_cache,
+                       value_cache, slot_mapping) -> bool | str:
+    ok = _supports(device_type, positions, q, k, cos_sin_cache, head_dim, is_neox)
+    if ok is not True:
+        return ok
+    ts = (v, q_out, key_cache, value_cache, slot_mapping)
+    if not all(isinstance(x, torch.Tensor) for x in ts) or any(x.device.type != device_type for x in ts):
+        return f"v, q_out, the caches and slot_mapping must be tensors on {device_type}"
+    if {v.dtype, q_out.dtype, key_cache.dtype, value_cache.dtype} != {q.dtype}:
+        return "v, q_out and both caches must have q's dtype"
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or q.shape[2] != head_dim or k.shape[2] != head_dim:
+        return f"q must be [T, Hq, {head_dim}], k and v [T, Hk, {head_dim}]"
+    if q_out.shape != q.shape or not q_out.is_contiguous():
+        return "q_out must be a contiguous tensor shaped like q"
+    if slot_mapping.dtype != torch.int64 or slot_mapping.shape != positions.shape:
+        return "slot_mapping must be int64 [T]"
+    if key_cache.dim() != 4 or value_cache.shape != key_cache.shape or key_cache.shape[2:] != k.shape[1:]:
+        return "caches must be [num_blocks, block_size, Hk, D] matching k"
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        return "caches must be contiguous"
+    return True
 
 
 def _supports(device_type, positions, q, k, cos_sin_cache, head_dim, is_neox) -> bool | str:
@@ -124,3 +197,6 @@ def register(registry, device_type: str, capability=None) -> None:
     registry.register(rotary_embedding, triton_rotary_embedding, name="triton_rotary", priority=PRIORITY,
                       supports=lambda *args: _supports(device_type, *args),
                       note="q and k in one launch, neox and GPT-J, partial rotary; out of place")
+    registry.register(rotary_write_kv, triton_rotary_write_kv, name="triton_rotary_write_kv", priority=PRIORITY,
+                      supports=lambda *args: _supports_write_kv(device_type, *args),
+                      note="rotary with the rotated k and v stored straight into their cache slots, one launch")

@@ -41,8 +41,8 @@ def _engine_tokens(model_dir, platform, prompts):
 def test_greedy_tokens_equal_transformers_and_the_cpu_engine(model_dir, prompts):
     llm, gpu, used = _engine_tokens(model_dir, "cuda", prompts)
     assert llm.platform.name == "cuda" and llm.model.device.type == "cuda"
-    for op in ("paged_attention_decode", "paged_attention_prefill", "write_kv_cache", "rms_norm", "silu_and_mul",
-               "rotary_embedding"):
+    for op in ("paged_attention_decode", "paged_attention_prefill", "rotary_write_kv", "rms_norm", "silu_and_mul",
+               "linear"):
         assert used.get(op) and all(not name.startswith("core.") for name in used[op]), (op, used)
     hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
     for p, ours in zip(prompts, gpu, strict=True):
