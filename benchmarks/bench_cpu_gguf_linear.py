@@ -13,13 +13,23 @@ prints, per shape, the median time per call of
 the fused kernel's effective bandwidth (GGUF bytes / time), and the whole step. The previous
 implementation (dequantize every call, then torch matmul) is timed on one layer for reference.
 Run: ``python benchmarks/bench_cpu_gguf_linear.py [--threads N] [--isa NAME] [--m 1 32] [--steps 10]``.
+
+Same-run comparison of builds (a kernel change's before/after, BENCHMARKS.md):
+``python benchmarks/bench_cpu_gguf_linear.py --builds BEFORE.so [AFTER.so ...] --isa avx2 --m 1 4 16 32``
+loads each given ``_native*.so`` into this process (the first is the base of the ratios) and times every
+build's fused ``gguf_linear`` on the same weights, builds alternating step by step (so load from other
+processes hits them alike), against torch fp32 ``F.linear`` on the dequantized weight; it first measures
+the streaming read bandwidth (a plain fp32 sum over as many bytes as one step's weights, same threads) and
+prints the last build's M = 1 bandwidth as a percentage of it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -54,18 +64,114 @@ def timed(fn, log: list) -> None:
     log.append(time.perf_counter() - t)
 
 
+def read_bandwidth(nbytes: int) -> float:
+    """Bytes per second of a plain streaming read (torch's fp32 sum, its threads) of a buffer of nbytes, best of 5.
+    Sized like one step's weights, so it streams from where they do (on a CPU whose last-level cache holds them,
+    that cache, as for the kernels)."""
+    big = torch.ones(nbytes // 4)
+    best = float("inf")
+    for _ in range(6):
+        t = time.perf_counter()
+        big.sum()
+        best = min(best, time.perf_counter() - t)
+    return big.numel() * 4 / best
+
+
+def load_build(path: str):
+    """A _native extension module from a file, under its own name (several builds live side by side)."""
+    spec = importlib.util.spec_from_file_location(f"build{abs(hash(path))}._native", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compare_builds(args, gen: torch.Generator) -> None:
+    builds = {}
+    for p in args.builds:
+        builds[Path(p).stem if Path(p).stem not in builds else p] = load_build(p)
+    for mod in builds.values():
+        if args.threads:
+            mod.set_num_threads(args.threads)
+        if args.isa:
+            mod.set_isa(args.isa)
+    labels = list(builds)
+    first = builds[labels[0]]
+    print(f"isa {first.isa()}, native threads {first.num_threads()}, torch threads {torch.get_num_threads()}; "
+          f"builds: {', '.join(f'{k}={v.__file__}' for k, v in builds.items())}")
+    weights = {}
+    for name, qtype, k, n, per_layer in SHAPES:
+        raws = [random_raw(n, k, qtype, gen) for _ in range(LAYERS * per_layer or 1)]
+        weights[name] = [(r, native_dequant(r, qtype, k, torch.float32)) for r in raws]
+    step_bytes = sum(weights[name][0][0].numel() * (per_layer * LAYERS or 1) for name, _, _, _, per_layer in SHAPES)
+    bw = read_bandwidth(step_bytes)
+    print(f"streaming read bandwidth (fp32 sum over {step_bytes / 1e6:.0f} MB, one step's GGUF bytes): "
+          f"{bw / 1e9:.1f} GB/s")
+
+    def call(mod, x, raw, qtype, k, y):
+        mod.gguf_linear(qtype, x.data_ptr(), k, x.shape[0], k, raw.data_ptr(), raw.stride(0), raw.shape[0],
+                        y.data_ptr(), y.shape[1], 0)
+
+    for m in args.m:
+        xs = {k: torch.randn(m, k, generator=gen) for k in {s[2] for s in SHAPES}}
+        ys = {name: torch.empty(m, n) for name, _, _, n, _ in SHAPES}
+        for name, qtype, k, _, _ in SHAPES:  # every build is correct on what is timed
+            raw, w = weights[name][0]
+            for label, mod in builds.items():
+                call(mod, xs[k], raw, qtype, k, ys[name])
+                torch.testing.assert_close(ys[name], F.linear(xs[k], w), atol=1e-3, rtol=1e-3, msg=label)
+        logs = {(name, b): [] for name, *_ in SHAPES for b in [*labels, "torch"]}
+        steps = {b: [] for b in [*labels, "torch"]}
+        for step in range(args.steps + 1):
+            for b in [*labels, "torch"]:
+                time.sleep(0.005)  # the previous build's pool workers stop spinning
+                t0 = time.perf_counter()
+                for layer in range(LAYERS):
+                    for name, qtype, k, _, per_layer in SHAPES:
+                        for c in range(per_layer or (1 if layer == LAYERS - 1 else 0)):
+                            raw, w = weights[name][layer * per_layer + c]
+                            x, y = xs[k], ys[name]
+                            t = time.perf_counter()
+                            if b == "torch":
+                                F.linear(x, w)
+                            else:
+                                call(builds[b], x, raw, qtype, k, y)
+                            logs[name, b].append(time.perf_counter() - t)
+                if step:
+                    steps[b].append(time.perf_counter() - t0)
+        head = "".join(f" {b[:14]:>14}" for b in labels)
+        print(f"\nM={m}: median us per call (GB/s of GGUF bytes; at M = 1 % of the read bandwidth)")
+        print(f"{'shape':<12} {'qtype':<5} {'K':>5} {'N':>6}{head} {'torch fp32':>10} "
+              + " ".join(f"{b[:8]}/{labels[0][:8]}" for b in labels[1:]) + f" torch/{labels[-1][:8]}")
+        for name, qtype, k, n, _ in SHAPES:
+            raw, _ = weights[name][0]
+            med = {b: statistics.median(logs[name, b]) for b in [*labels, "torch"]}
+            cells = "".join(f" {med[b] * 1e6:>8.1f} {raw.numel() / med[b] / 1e9:>4.1f}" for b in labels)
+            pct = f" ({raw.numel() / med[labels[-1]] / bw * 100:.0f}% bw)" if m == 1 else ""
+            print(f"{name:<12} {GGUF_QTYPES[qtype][0]:<5} {k:>5} {n:>6}{cells} {med['torch'] * 1e6:>10.1f} "
+                  + " ".join(f"{med[labels[0]] / med[b]:>16.2f}x" for b in labels[1:])
+                  + f" {med['torch'] / med[labels[-1]]:>12.2f}x{pct}")
+        st = {b: statistics.median(steps[b]) for b in steps}
+        print(f"one step, M={m}: " + ", ".join(f"{b} {st[b] * 1e3:.2f} ms" for b in steps)
+              + f"; {labels[-1]}: {step_bytes / st[labels[-1]] / 1e9:.1f} GB/s"
+              + (f" = {step_bytes / st[labels[-1]] / bw * 100:.0f}% of the read bandwidth" if m == 1 else "")
+              + f", torch/{labels[-1]} {st['torch'] / st[labels[-1]]:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=None, help="native and torch threads (default: all)")
     ap.add_argument("--isa", default=None, help="force a native ISA variant (avx512, avx2, scalar)")
     ap.add_argument("--m", type=int, nargs="*", default=[1, 32])
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--builds", nargs="*", default=[], help="_native*.so builds to time side by side (first = base)")
     args = ap.parse_args()
     if args.threads:
         _native.set_num_threads(args.threads)
         torch.set_num_threads(args.threads)
     if args.isa:
         _native.set_isa(args.isa)
+    if args.builds:
+        return compare_builds(args, torch.Generator().manual_seed(0))
     reg = KernelRegistry("cpu")
     register(reg)
     impls = {i.name: i.fn for i in reg.implementations(gguf_linear)}

@@ -8,4 +8,4 @@ set(CMAKE_CROSSCOMPILING_EMULATOR qemu-ppc64le -cpu power9 -L /usr/powerpc64le-l
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 # Vector instructions that must be in the built kernels (VSX fp32 FMA; a silent scalar fallback fails).
 set(ENGINE_OBJDUMP powerpc64le-linux-gnu-objdump)
-set(ENGINE_VECTOR_INSNS xvmaddasp)
+set(ENGINE_VECTOR_INSNS xvmaddasp xvcvhpsp xvcvsphp)

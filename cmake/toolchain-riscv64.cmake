@@ -15,8 +15,8 @@ set(ENGINE_QEMU_RVV qemu-riscv64 -L /usr/riscv64-linux-gnu -cpu rv64,v=true,vext
 set(CMAKE_CROSSCOMPILING_EMULATOR ${ENGINE_QEMU_RVV}256)
 set(ENGINE_RVV_VLENS 128 512 1024)
 set(ENGINE_BASELINE_EMULATOR qemu-riscv64 -cpu rv64,v=false -L /usr/riscv64-linux-gnu)
-set(ENGINE_BASELINE_TESTS "^test_gguf_(linear|q8act)$")  # the kernels with an RVV path
+set(ENGINE_BASELINE_TESTS "^test_(gguf_linear|gguf_q8act|small_ops)$")  # kernels with an RVV path (V off)
 # Vector instructions that must be in the RVV kernel tests' binaries (a silent scalar fallback fails).
 set(ENGINE_OBJDUMP riscv64-linux-gnu-objdump)
-set(ENGINE_VECTOR_INSNS vsetvli vfmacc.vv vwmul.vv)
+set(ENGINE_VECTOR_INSNS vsetvli vsetivli vfmacc.vv vwmul.vv vrgather.vv vfredusum.vs)
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)

@@ -7,17 +7,22 @@ from engine.platforms.cpu.platform import CpuPlatform
 from . import probe
 
 # What the native module brings on POWER (the `vsx` ISA variant, platforms/cpu/csrc/*_vsx.cpp) and what still
-# runs the portable C++ paths there. fp16 is not a supported dtype: the VSX fp16 linear exists as a native
-# kernel (_native.fp16_linear) but no op dispatches fp16 to it yet, and attention has no fp16 path.
-VSX_KERNELS = ("paged attention (fp32/bf16)", "fp16 linear (native kernel, not yet an op)")
-PORTABLE_KERNELS = ("GGUF linears", "MoE", "RMSNorm", "rotary", "SiLU-and-mul")
+# runs the portable C++ paths there. Keep in step with the csrc files. The C++ kernels take fp16 storage
+# (POWER9 xvcvhpsp / xvcvsphp), but fp16 is not a supported dtype of this platform yet: the Python op wrappers
+# pass only fp32 / bf16 to the native kernels and no op dispatches fp16 to the fp16 linear, so an fp16 model
+# would run the plain-torch references.
+VSX_KERNELS = ("paged attention (C++: fp32/bf16/fp16 storage)", "RMSNorm, rotary, SiLU-and-mul (C++: fp32/bf16/fp16)",
+               "GGUF linear with fp32 activations (Q4_0/Q4_1/Q8_0)", "MoE (fp32/bf16)",
+               "fp16 linear (native kernel, not yet an op)")
+PORTABLE_KERNELS = ("GGUF Q8-activation linear",)
 
 
 class PpcPlatform(CpuPlatform):
     name = "ppc"
     priority = 20  # above cpu: where POWER9 VSX is present, its kernels are preferred
-    description = ("POWER9+ (ppc64le): the cpu kernels, with VSX paged attention; GGUF linears, MoE and the small "
-                   "ops run the portable C++ paths (fp16 is not a supported dtype yet)")
+    description = ("POWER9+ (ppc64le): the cpu kernels, with VSX paged attention, RMSNorm, rotary, SiLU-and-mul, "
+                   "MoE and fp32-activation GGUF linear; the Q8-activation GGUF linear runs the portable C++ path "
+                   "(fp16 is not a supported dtype yet: its VSX kernels are built, no op routes fp16 to them)")
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:

@@ -8,15 +8,17 @@ from . import probe
 
 # What the native module brings on RVV hardware (platforms/cpu/csrc/*_rvv.cpp, picked at run time from AT_HWCAP),
 # and what still runs the portable C++ paths there. Keep in step with the csrc files.
-RVV_KERNELS = ("gguf_linear (Q4_0/Q4_1/Q8_0, GEMV and GEMM)", "gguf_linear_q8act (Q4_0/Q4_1/Q8_0)")
-PORTABLE_KERNELS = ("paged attention", "MoE", "RMSNorm", "rotary", "SiLU-and-mul")
+RVV_KERNELS = ("gguf_linear (Q4_0/Q4_1/Q8_0, GEMV and GEMM)", "gguf_linear_q8act (Q4_0/Q4_1/Q8_0)",
+               "RMSNorm, rotary, SiLU-and-mul (vector-length agnostic)",
+               "paged attention and MoE (128-bit vectors: correct at any VLEN, not widened past 128)")
+PORTABLE_KERNELS: tuple[str, ...] = ()
 
 
 class RiscvPlatform(CpuPlatform):
     name = "riscv"
     priority = 20  # above cpu: where RVV is present, its kernels are preferred
     description = ("RISC-V 64 with RVV 1.0: the cpu kernels, with vector-length-agnostic RVV GGUF linears "
-                   "(fp32 and Q8 activations); attention, MoE and the small ops run the portable C++ paths")
+                   "(fp32 and Q8 activations) and small ops, and RVV paged attention and MoE at 128-bit vectors")
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:
@@ -34,5 +36,5 @@ class RiscvPlatform(CpuPlatform):
         out["rvv_kernels"] = (f"in use: {', '.join(RVV_KERNELS)}" if built else
                               "not in use (this build has no RVV kernels or this CPU lacks V): "
                               f"would use {', '.join(RVV_KERNELS)}")
-        out["portable_kernels"] = ", ".join(PORTABLE_KERNELS)
+        out["portable_kernels"] = ", ".join(PORTABLE_KERNELS) or "none"
         return out

@@ -39,12 +39,17 @@ inline bool close(double got, double want, double atol, double rtol) {
 // Run body(isa_name) once per ISA variant the CPU supports; ends with the process exit status.
 // `same_as_scalar`: variants that have no path of their own for the kernels under test (they run the
 // portable code the scalar variant already covers), skipped to keep the emulated runs short.
+// ENGINE_TEST_ISAS=a,b: only those variants (the extra RVV VLEN runs test only the rvv one).
 inline int for_each_isa(const std::function<void(const char*)>& body,
                         std::initializer_list<const char*> same_as_scalar = {}) {
   int ran = 0;
+  const char* only = std::getenv("ENGINE_TEST_ISAS");
   for (engine_cpu::Isa isa : engine_cpu::supported_isas()) {
     bool skip = false;
     for (const char* name : same_as_scalar) skip = skip || std::string(name) == engine_cpu::isa_name(isa);
+    if (only != nullptr && *only != '\0')
+      skip = skip || ("," + std::string(only) + ",").find("," + std::string(engine_cpu::isa_name(isa)) + ",") ==
+                         std::string::npos;
     if (skip) continue;
     engine_cpu::set_isa(engine_cpu::isa_name(isa));
     body(engine_cpu::isa_name(isa));

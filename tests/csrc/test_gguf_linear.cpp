@@ -1,7 +1,10 @@
 // The fp32-activation GGUF linear (gemv at m = 1, decode + dot above) vs x @ dequant(W)^T computed here in
-// double from the format, on every ISA variant the CPU runs, fp32 and bf16 activations.
+// double from the format, on every ISA variant the CPU runs, fp32 and bf16 activations; and the panel decode
+// vs gguf_dequant bit for bit.
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -15,18 +18,41 @@ using namespace engine_cpu;
 
 namespace {
 
-void run(int qtype, int64_t m, int64_t n, int64_t k, bool bf16, std::mt19937& rng, const char* isa) {
+// n random rows of k / 32 blocks, row_bytes apart (padded past the blocks), with finite fp16 scales.
+std::vector<uint8_t> random_rows(int qtype, int64_t n, int64_t k, int64_t row_bytes, std::mt19937& rng) {
   const int bb = gguf_block_bytes(qtype);
-  const int64_t nb = k / 32, row_bytes = nb * bb + 6;  // padded rows: w_stride > row bytes
   std::vector<uint8_t> raw(n * row_bytes);
   std::uniform_int_distribution<int> byte(0, 255), e(5, 12), mant(0, 1023), sign(0, 1);
   for (auto& v : raw) v = static_cast<uint8_t>(byte(rng));
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t blk = 0; blk < nb; ++blk)
+    for (int64_t blk = 0; blk < k / 32; ++blk)
       for (int off = 0; off < (qtype == kQ4_1 ? 4 : 2); off += 2) {
         const uint16_t h = static_cast<uint16_t>((sign(rng) << 15) | (e(rng) << 10) | mant(rng));
         std::memcpy(raw.data() + r * row_bytes + blk * bb + off, &h, 2);
       }
+  return raw;
+}
+
+// The panel decode of the M > 1 path gives gguf_dequant's fp32 values bit for bit.
+void decode_is_exact(int qtype, int rows, int64_t k, std::mt19937& rng, const char* isa) {
+  const int64_t row_bytes = k / 32 * gguf_block_bytes(qtype) + 2;
+  const std::vector<uint8_t> raw = random_rows(qtype, rows, k, row_bytes, rng);
+  std::vector<float> got(rows * k), want(rows * k);
+  gguf_linear_kernels(current_isa()).decode(qtype, raw.data(), row_bytes, rows, k, got.data(), fp16_lut());
+  gguf_dequant_scalar({qtype, raw.data(), row_bytes, rows, k, want.data(), k, DType::F32});
+  for (int64_t i = 0; i < rows * k; ++i)
+    if (std::memcmp(&got[i], &want[i], 4) != 0) {
+      check::fail(std::string(isa) + " decode qtype " + std::to_string(qtype) + " rows " + std::to_string(rows) +
+                  " k " + std::to_string(k) + " element " + std::to_string(i) + ": got " + std::to_string(got[i]) +
+                  " want " + std::to_string(want[i]));
+      return;
+    }
+}
+
+void run(int qtype, int64_t m, int64_t n, int64_t k, bool bf16, std::mt19937& rng, const char* isa) {
+  const int bb = gguf_block_bytes(qtype);
+  const int64_t nb = k / 32, row_bytes = nb * bb + 6;  // padded rows: w_stride > row bytes
+  const std::vector<uint8_t> raw = random_rows(qtype, n, k, row_bytes, rng);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t xs = k + 3, ys = n + 2;  // strided rows of x and y
   std::vector<float> x(m * xs), y(m * ys, -1.0f);
@@ -63,10 +89,13 @@ int main() {
   std::mt19937 rng(check::seed());
   set_num_threads(2);
   return check::for_each_isa([&](const char* isa) {
-    for (int qtype : {kQ4_0, kQ4_1, kQ8_0})
+    for (int qtype : {kQ4_0, kQ4_1, kQ8_0}) {
       for (bool bf16 : {false, true})
         for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 32}, {1, 131, 576}, {2, 9, 96},
-                               {7, 6, 160}, {13, 3, 64}, {1, 67, 1536}})
+                               {7, 6, 160}, {13, 3, 64}, {1, 67, 1536}, {16, 11, 128}, {4, 7, 32}})
           run(qtype, m, n, k, bf16, rng, isa);
+      for (auto [rows, k] : {std::pair<int, int64_t>{4, 96}, {1, 32}, {3, 160}})
+        decode_is_exact(qtype, rows, k, rng, isa);
+    }
   });
 }

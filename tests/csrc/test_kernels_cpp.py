@@ -35,8 +35,9 @@ def test_cpp_kernel_tests_pass(target, tmp_path):
     configure = ["cmake", "-S", str(REPO / "tests" / "csrc"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"]
     if toolchain:
         configure.append(f"-DCMAKE_TOOLCHAIN_FILE={REPO / toolchain}")
-    for cmd in (configure, ["cmake", "--build", str(build), "-j2"],
-                ["ctest", "--test-dir", str(build), "--output-on-failure", "--timeout", "300"]):
+    jobs = str(os.cpu_count() or 2)  # the emulated tests are single-process CPU work: run them side by side
+    ctest = ["ctest", "--test-dir", str(build), "--output-on-failure", "--timeout", "300", "-j", jobs]
+    for cmd in (configure, ["cmake", "--build", str(build), "-j2"], ctest):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     assert "100% tests passed" in proc.stdout

@@ -148,5 +148,5 @@ int main() {
       for (const Shape& s : shapes)
         for (bool bf16 : {false, true}) run(s, bf16, rng, isa);
     }
-  }, {"rvv", "vsx"});  // no MoE kernels of their own: the scalar run covers that code
+  });
 }

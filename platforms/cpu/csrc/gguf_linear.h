@@ -8,7 +8,8 @@
 //    bit-identical to gguf_dequantize's fp32 output), then multiplies every row of x against it with
 //    fp32 FMAs, so each weight block is decoded once per call whatever M is.
 // Activations stay fp32 (bf16 x is widened exactly) and nothing is quantized: the result is
-// x @ dequant(W)^T up to the order of the fp32 sums (and, in gemv, an FMA in q * d + m).
+// x @ dequant(W)^T up to the order and grouping of the fp32 operations (gemv: d * (q . x_b) + m * sum(x_b)
+// per block, see gguf_linear_impl.h).
 #pragma once
 
 #include <cstdint>
@@ -62,10 +63,18 @@ struct GgufLinearKernels {
 // convert-and-broadcast sequence per block scale.
 const float* fp16_lut();
 
+// The kernels gguf_linear runs on `isa` (tests compare them with the references directly).
+GgufLinearKernels gguf_linear_kernels(Isa isa);
 GgufLinearKernels gguf_linear_kernels_scalar();
 #ifdef ENGINE_X86
 GgufLinearKernels gguf_linear_kernels_avx2();
 GgufLinearKernels gguf_linear_kernels_avx512();
+#endif
+#ifdef ENGINE_ARM64
+GgufLinearKernels gguf_linear_kernels_neon();
+#endif
+#ifdef ENGINE_VSX
+GgufLinearKernels gguf_linear_kernels_vsx();
 #endif
 #ifdef ENGINE_RVV
 GgufLinearKernels gguf_linear_kernels_rvv();

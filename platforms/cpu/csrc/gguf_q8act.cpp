@@ -1,5 +1,6 @@
 // Driver of the Q8-activation GGUF linear (validation, quantizing x, threading over weight panels,
-// output rounding) and its portable scalar kernels.
+// output rounding) and the portable quantizer; the tiles are gguf_q8act_impl.h per ISA (and AVX-512 VNNI's,
+// RVV's own).
 #include "gguf_q8act.h"
 
 #include <algorithm>
@@ -31,9 +32,7 @@ float quantize_q8_block(const float* x, int8_t* q, int* isum) {
   return d;
 }
 
-namespace {
-
-void quantize_scalar(const float* x, int64_t k, int8_t* q, float* d, float* s) {
+void quantize_q8_rows(const float* x, int64_t k, int8_t* q, float* d, float* s) {
   for (int64_t b = 0; b < k / 32; ++b) {
     int isum;
     d[b] = quantize_q8_block(x + 32 * b, q + 32 * b, &isum);
@@ -41,40 +40,7 @@ void quantize_scalar(const float* x, int64_t k, int8_t* q, float* d, float* s) {
   }
 }
 
-// Integer block dot of weight block `blk` (its quant bytes) with 32 int8 activations.
-inline int block_isum(int qtype, const uint8_t* blk, const int8_t* xq) {
-  int sum = 0;
-  if (qtype == kQ8_0) {
-    for (int j = 0; j < 32; ++j) sum += static_cast<int8_t>(blk[2 + j]) * xq[j];
-  } else {
-    const uint8_t* qs = blk + (qtype == kQ4_1 ? 4 : 2);
-    for (int j = 0; j < 16; ++j) sum += (qs[j] & 0x0f) * xq[j] + (qs[j] >> 4) * xq[j + 16];
-  }
-  return sum;
-}
-
-void tile_scalar(int qtype, const uint8_t* w, int64_t w_stride, int rows, const Q8Rows& x, int64_t x0, int mt,
-                 float* out, const float* lut) {
-  const int bb = gguf_block_bytes(qtype);
-  const int64_t nb = x.k / 32;
-  for (int i = 0; i < mt; ++i) {
-    const int8_t* xq = x.q + (x0 + i) * x.k;
-    const float* xd = x.d + (x0 + i) * nb;
-    const float* xs = x.s + (x0 + i) * nb;
-    for (int j = 0; j < rows; ++j) {
-      const uint8_t* blk = w + j * w_stride;
-      float acc = 0.0f;
-      for (int64_t b = 0; b < nb; ++b, blk += bb) {
-        const float dw = lut[load_fp16(blk)];
-        float term = dw * xd[b] * static_cast<float>(block_isum(qtype, blk, xq + 32 * b));
-        if (qtype == kQ4_1) term += lut[load_fp16(blk + 2)] * xs[b];
-        if (qtype == kQ4_0) term += -8.0f * dw * xs[b];
-        acc += term;
-      }
-      out[i * kQ8PanelRows + j] = acc;
-    }
-  }
-}
+namespace {
 
 GgufQ8Kernels kernels_for(Isa isa) {
   switch (isa) {
@@ -84,6 +50,9 @@ GgufQ8Kernels kernels_for(Isa isa) {
 #endif
 #ifdef ENGINE_ARM64
     case Isa::Neon: return gguf_q8_kernels_neon();
+#endif
+#ifdef ENGINE_VSX
+    case Isa::Vsx: return gguf_q8_kernels_vsx();
 #endif
 #ifdef ENGINE_RVV
     case Isa::Rvv: return gguf_q8_kernels_rvv();
@@ -102,14 +71,13 @@ const char* gguf_q8act_variant() {
     case Isa::Avx512: return cpu_has_avx512_vnni() ? "avx512_vnni" : "avx2";
     case Isa::Avx2: return "avx2";
     case Isa::Neon: return cpu_has_dotprod() ? "neon_dotprod" : "neon";
+    case Isa::Vsx: return "vsx";
 #ifdef ENGINE_RVV
     case Isa::Rvv: return "rvv";
 #endif
     default: return "scalar";
   }
 }
-
-GgufQ8Kernels gguf_q8_kernels_scalar() { return {1, 4, quantize_scalar, tile_scalar}; }
 
 void gguf_linear_q8act(const GgufLinearArgs& a) {
   check_gguf_linear_args(a, "gguf_linear_q8act");

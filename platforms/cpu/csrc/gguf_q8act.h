@@ -1,6 +1,6 @@
 // GGUF linear with Q8 activations: y[m, n] = sum_b dot(q8(x)[m, block b], W[n, block b]) for Q4_0 /
-// Q4_1 / Q8_0 weights kept in their GGUF blocks, the block dots done in integers (AVX-512 VNNI or
-// its BW fallback, AVX2, AArch64 dotprod or plain NEON, scalar).
+// Q4_1 / Q8_0 weights kept in their GGUF blocks, the block dots done in integers (AVX-512 VNNI, AVX2,
+// AArch64 dotprod or plain NEON, POWER VSX, RISC-V V, scalar).
 //
 // q8(x) is the contract of engine.core.ops.gguf_q8act.quantize_q8_blocks, to the bit: per block of 32,
 // d = max|x| / 127, q = round_half_even(x * (1 / d)) (0 where d = 0). A weight block is q_w * d_w + m_w
@@ -20,7 +20,7 @@ namespace engine_cpu {
 // The arguments of gguf_linear (gguf_linear.h). Validates (std::invalid_argument), quantizes x once, then
 // threads split the weight rows.
 void gguf_linear_q8act(const GgufLinearArgs& a);
-// The kernel variant gguf_linear_q8act runs on now: avx512_vnni, avx2, neon_dotprod, neon or scalar.
+// The kernel variant gguf_linear_q8act runs on now: avx512_vnni, avx2, neon_dotprod, neon, vsx, rvv or scalar.
 const char* gguf_q8act_variant();
 
 // Quantized activations as the kernels read them. Each block's scale d and d * sum(q) / kSumLanes
@@ -55,6 +55,12 @@ GgufQ8Kernels gguf_q8_kernels_avx512();
 #endif
 #ifdef ENGINE_ARM64
 GgufQ8Kernels gguf_q8_kernels_neon();
+// The SDOT tile (gguf_q8act_neon_dotprod.cpp, compiled for dotprod): call only where cpu_has_dotprod().
+void gguf_q8_tile_neon_dotprod(int qtype, const uint8_t* w, int64_t ws, int rows, const Q8Rows& x, int64_t x0,
+                               int mt, float* out, const float* lut);
+#endif
+#ifdef ENGINE_VSX
+GgufQ8Kernels gguf_q8_kernels_vsx();
 #endif
 #ifdef ENGINE_RVV
 GgufQ8Kernels gguf_q8_kernels_rvv();
@@ -63,5 +69,8 @@ GgufQ8Kernels gguf_q8_kernels_rvv();
 // The scalar quantizer's rounding of one block (shared by the SIMD tails and tests): writes q[32],
 // returns d; *isum receives sum(q).
 float quantize_q8_block(const float* x, int8_t* q, int* isum);
+// The portable quantizer (lanes = 1: d[b] and s[b] = d * sum(q) once per block), for the kernels without
+// their own (scalar, VSX, RVV).
+void quantize_q8_rows(const float* x, int64_t k, int8_t* q, float* d, float* s);
 
 }  // namespace engine_cpu

@@ -1,12 +1,12 @@
-// AArch64 kernels of the Q8-activation GGUF linear: SDOT (Armv8.2 dotprod) block dots where the CPU has
-// them, widening multiply-accumulates (SMULL/SADALP) on plain Advanced SIMD otherwise. Weights are
-// used as signed bytes: Q4 nibbles (0..15) fit, Q8_0 is int8 already.
-#include <algorithm>
-#include <cmath>
-
-#include "gguf_q8act_neon.h"
+// AArch64 kernels of the Q8-activation GGUF linear: the NEON quantizer, and gguf_q8act_impl.h's tile with
+// SDOT (Armv8.2 dotprod, gguf_q8act_neon_dotprod.cpp) block dots where the CPU has them, widening
+// multiply-accumulates (SMULL/SADALP, Q8Ops<VecNeon>) on plain Advanced SIMD otherwise. Weights are used
+// as signed bytes: Q4 nibbles (0..15) fit, Q8_0 is int8 already.
+#include "isa.h"
 
 #ifdef ENGINE_ARM64
+#define ENGINE_VEC_FN
+#include "gguf_q8act_impl.h"
 
 namespace engine_cpu {
 namespace {
@@ -34,20 +34,11 @@ void quantize(const float* x, int64_t k, int8_t* q, float* d, float* s) {
   }
 }
 
-struct DotWiden {
-  static inline int32x4_t run(int8x16_t wlo, int8x16_t whi, const int8_t* xq) {
-    const int8x16_t xlo = vld1q_s8(xq), xhi = vld1q_s8(xq + 16);
-    int32x4_t acc = vpaddlq_s16(vmull_s8(vget_low_s8(wlo), vget_low_s8(xlo)));
-    acc = vpadalq_s16(acc, vmull_high_s8(wlo, xlo));
-    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(whi), vget_low_s8(xhi)));
-    return vpadalq_s16(acc, vmull_high_s8(whi, xhi));
-  }
-};
-
 }  // namespace
 
 GgufQ8Kernels gguf_q8_kernels_neon() {
-  return {1, 4, quantize, cpu_has_dotprod() ? gguf_q8_tile_neon_dotprod : tile<DotWiden>};
+  return {1, kQ8TileRows<VecNeon>, quantize,
+          cpu_has_dotprod() ? gguf_q8_tile_neon_dotprod : q8_tile_impl<VecNeon, Q8Ops<VecNeon>, 1>};
 }
 
 }  // namespace engine_cpu

@@ -1,5 +1,5 @@
-// The dotprod (SDOT) variant of the AArch64 Q8-activation tile: this whole file is compiled for
-// Armv8.2 dotprod, and the driver calls it only where cpu_has_dotprod() says the CPU has it.
+// The dotprod (SDOT) variant of the AArch64 Q8-activation tile: gguf_q8act_impl.h with an SDOT block dot,
+// this whole file compiled for Armv8.2 dotprod; the driver calls it only where cpu_has_dotprod() says so.
 #include "isa.h"
 
 #ifdef ENGINE_ARM64
@@ -8,13 +8,14 @@
 #else
 #pragma GCC target("arch=armv8.2-a+dotprod")
 #endif
-#include "gguf_q8act_neon.h"
+#define ENGINE_VEC_FN
+#include "gguf_q8act_impl.h"
 
 namespace engine_cpu {
 namespace {
 
-struct DotSdot {
-  static inline int32x4_t run(int8x16_t wlo, int8x16_t whi, const int8_t* xq) {
+struct Q8NeonSdot {
+  static int32x4_t run(int8x16_t wlo, int8x16_t whi, const int8_t* xq) {
     return vdotq_s32(vdotq_s32(vdupq_n_s32(0), wlo, vld1q_s8(xq)), whi, vld1q_s8(xq + 16));
   }
 };
@@ -23,7 +24,7 @@ struct DotSdot {
 
 void gguf_q8_tile_neon_dotprod(int qtype, const uint8_t* w, int64_t ws, int rows, const Q8Rows& x, int64_t x0,
                                int mt, float* out, const float* lut) {
-  tile<DotSdot>(qtype, w, ws, rows, x, x0, mt, out, lut);
+  q8_tile_impl<VecNeon, Q8OpsNeon<Q8NeonSdot>, 1>(qtype, w, ws, rows, x, x0, mt, out, lut);
 }
 
 }  // namespace engine_cpu

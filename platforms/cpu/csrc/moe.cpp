@@ -40,6 +40,12 @@ MoeKernels kernels_for(Isa isa) {
 #ifdef ENGINE_ARM64
     case Isa::Neon: return moe_kernels_neon();
 #endif
+#ifdef ENGINE_VSX
+    case Isa::Vsx: return moe_kernels_vsx();
+#endif
+#ifdef ENGINE_RVV
+    case Isa::Rvv: return moe_kernels_rvv();
+#endif
     default: return moe_kernels_scalar();
   }
 }

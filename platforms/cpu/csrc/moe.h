@@ -95,5 +95,11 @@ MoeKernels moe_kernels_avx512();
 #ifdef ENGINE_ARM64
 MoeKernels moe_kernels_neon();
 #endif
+#ifdef ENGINE_VSX
+MoeKernels moe_kernels_vsx();
+#endif
+#ifdef ENGINE_RVV
+MoeKernels moe_kernels_rvv();
+#endif
 
 }  // namespace engine_cpu

@@ -1,6 +1,6 @@
 // Paged attention: argument validation, the split into tiles, scheduling, and the merge of key
 // partitions. The per-tile math is paged_attention_impl.h, instantiated per ISA by
-// paged_attention_{scalar,avx2,avx512,neon,vsx}.cpp.
+// paged_attention_{scalar,avx2,avx512,neon,vsx,rvv}.cpp.
 #include "paged_attention.h"
 
 #include <algorithm>
@@ -32,6 +32,9 @@ TileFn tile_fn() {
 #ifdef ENGINE_VSX
     case Isa::Vsx: return attn_tile_vsx;
 #endif
+#ifdef ENGINE_RVV
+    case Isa::Rvv: return attn_tile_rvv;
+#endif
     default: return attn_tile_scalar;
   }
 }
@@ -44,7 +47,8 @@ int64_t bt_at(const PagedAttnArgs& a, int64_t b, int64_t j) {
 
 // Shapes, then every seq_len, cu_seqlens_q entry and block-table entry the tiles will follow.
 void validate(const PagedAttnArgs& a) {
-  if (a.dtype != DType::F32 && a.dtype != DType::BF16) bad("dtype must be fp32 or bf16");
+  if (a.dtype != DType::F32 && a.dtype != DType::BF16 && a.dtype != DType::F16)
+    bad("dtype must be fp32, bf16 or fp16");
   if (a.hk <= 0 || a.hq <= 0 || a.hq % a.hk) bad("Hq must be a positive multiple of Hk");
   if (a.head_dim < 16 || a.head_dim > kAttnMaxHeadDim || a.head_dim % 16)
     bad("head_dim must be a multiple of 16 in [16, 256], got " + std::to_string(a.head_dim));
@@ -116,6 +120,7 @@ void merge(const PagedAttnArgs& a, const float* m, const float* l, const float* 
     for (int64_t d = 0; d < D; ++d) {
       const float v = o[d] / sum;
       if (a.dtype == DType::BF16) static_cast<uint16_t*>(a.out)[dst + d] = f32_to_bf16(v);
+      else if (a.dtype == DType::F16) static_cast<uint16_t*>(a.out)[dst + d] = f32_to_fp16(v);
       else static_cast<float*>(a.out)[dst + d] = v;
     }
   }
@@ -165,7 +170,7 @@ void paged_attention(const PagedAttnArgs& a) {
   float* sacc = sl + states * G;
 
   const TileFn fn = tile_fn();
-  const int64_t es = a.dtype == DType::BF16 ? 2 : 4;
+  const int64_t es = a.dtype == DType::F32 ? 4 : 2;
   const int64_t n_items = static_cast<int64_t>(items.size());
   std::atomic<int64_t> next{0};
   auto work = [&](int64_t, int64_t) {

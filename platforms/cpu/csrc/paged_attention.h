@@ -89,6 +89,9 @@ void attn_tile_neon(const AttnTile& t);
 #ifdef ENGINE_VSX
 void attn_tile_vsx(const AttnTile& t);
 #endif
+#ifdef ENGINE_RVV
+void attn_tile_rvv(const AttnTile& t);
+#endif
 
 struct KvWriteArgs {
   const void* key;

@@ -1,5 +1,5 @@
 // The attention tile, written once against the vector layer (vec.h) and instantiated per ISA by
-// paged_attention_{scalar,avx2,avx512,neon,vsx}.cpp, which define ENGINE_VEC_FN (the backend's target
+// paged_attention_{scalar,avx2,avx512,neon,vsx,rvv}.cpp, which define ENGINE_VEC_FN (the backend's target
 // attribute) and include this file.
 //
 // Keys go W at a time (one score per lane): for each query row the W dot products are accumulated as W
@@ -23,9 +23,10 @@
 namespace engine_cpu {
 namespace {
 
-template <class V, bool kBf16>
+template <class V, DType D>
 ENGINE_VEC_FN inline typename V::F attn_ld(const void* p, int64_t i) {
-  if constexpr (kBf16) return V::load_bf16(static_cast<const uint16_t*>(p) + i);
+  if constexpr (D == DType::BF16) return V::load_bf16(static_cast<const uint16_t*>(p) + i);
+  else if constexpr (D == DType::F16) return V::load_fp16(static_cast<const uint16_t*>(p) + i);
   else return V::load(static_cast<const float*>(p) + i);
 }
 
@@ -59,7 +60,7 @@ constexpr int attn_rows_per_pass() {
   return rb;
 }
 
-template <class V, int NV, bool kBf16>
+template <class V, int NV, DType kDt>
 ENGINE_VEC_FN void attn_tile_impl(const AttnTile& t) {
   using F = typename V::F;
   constexpr int W = V::W, kChunk = V::W, D = NV * W;
@@ -79,7 +80,7 @@ ENGINE_VEC_FN void attn_tile_impl(const AttnTile& t) {
   float* vb = kb + kChunk * D;
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < NV; ++j) {
-      V::store(qf + r * D + W * j, attn_ld<V, kBf16>(t.q, (r / G) * t.q_stride + (r % G) * D + W * j));
+      V::store(qf + r * D + W * j, attn_ld<V, kDt>(t.q, (r / G) * t.q_stride + (r % G) * D + W * j));
       V::store(acc + r * D + W * j, V::zero());
     }
     V::store(lv + r * kChunk, V::zero());
@@ -91,16 +92,16 @@ ENGINE_VEC_FN void attn_tile_impl(const AttnTile& t) {
     const int64_t blk = c / t.block_size, off = c - blk * t.block_size;
     const int n = static_cast<int>(std::min<int64_t>({kChunk, t.k_end - c, t.block_size - off}));
     const int64_t base = int64_t(t.blocks[blk * t.blocks_stride]) * t.blk_stride + off * t.tok_stride + t.head_off;
-    attn_prefetch_next(t, c + n, kChunk, kBf16 ? 2 : 4);
+    attn_prefetch_next(t, c + n, kChunk, kDt == DType::F32 ? 4 : 2);
     const float *kr, *vr;
     int64_t rs;
-    if constexpr (kBf16) {  // convert the chunk once; every query row then reads fp32 from L1
+    if constexpr (kDt != DType::F32) {  // convert the chunk once; every query row then reads fp32 from L1
       const uint16_t* ks = static_cast<const uint16_t*>(t.k_cache) + base;
       const uint16_t* vs = static_cast<const uint16_t*>(t.v_cache) + base;
       for (int tt = 0; tt < n; ++tt)
         for (int j = 0; j < NV; ++j) {
-          V::store(kb + tt * D + W * j, V::load_bf16(ks + tt * t.tok_stride + W * j));
-          V::store(vb + tt * D + W * j, V::load_bf16(vs + tt * t.tok_stride + W * j));
+          V::store(kb + tt * D + W * j, attn_ld<V, kDt>(ks, tt * t.tok_stride + W * j));
+          V::store(vb + tt * D + W * j, attn_ld<V, kDt>(vs, tt * t.tok_stride + W * j));
         }
       kr = kb;
       vr = vb;
@@ -174,20 +175,24 @@ ENGINE_VEC_FN void attn_tile_impl(const AttnTile& t) {
     const int64_t dst = (r / G) * t.out_stride + (r % G) * D;
     for (int j = 0; j < NV; ++j) {
       const F v = V::div(V::load(acc + r * D + W * j), vl);
-      if constexpr (kBf16) V::store_bf16(static_cast<uint16_t*>(t.out) + dst + W * j, v);
+      if constexpr (kDt == DType::BF16) V::store_bf16(static_cast<uint16_t*>(t.out) + dst + W * j, v);
+      else if constexpr (kDt == DType::F16) V::store_fp16(static_cast<uint16_t*>(t.out) + dst + W * j, v);
       else V::store(static_cast<float*>(t.out) + dst + W * j, v);
     }
   }
 }
 
-// head_dim / 16 picks NV = head_dim / W (head_dim is a multiple of 16 in [16, 256], validated).
+// head_dim / 16 picks NV = head_dim / W (head_dim is a multiple of 16 in [16, 256], validated); the
+// storage dtype (fp32, bf16, fp16) the loads and stores.
 template <class V>
 ENGINE_VEC_FN void attn_tile_dispatch(const AttnTile& t) {
-  const bool bf = t.dtype == DType::BF16;
   constexpr int P = 16 / V::W;  // vectors per 16 elements
+  constexpr DType B = DType::BF16, H = DType::F16, S = DType::F32;
   switch (t.head_dim / 16) {
-#define ENGINE_ATTN_CASE(n16) \
-  case n16: return bf ? attn_tile_impl<V, P * n16, true>(t) : attn_tile_impl<V, P * n16, false>(t);
+#define ENGINE_ATTN_CASE(n16)                                                          \
+  case n16:                                                                            \
+    return t.dtype == B ? attn_tile_impl<V, P * n16, B>(t)                             \
+           : t.dtype == H ? attn_tile_impl<V, P * n16, H>(t) : attn_tile_impl<V, P * n16, S>(t);
     ENGINE_ATTN_CASE(1) ENGINE_ATTN_CASE(2) ENGINE_ATTN_CASE(3) ENGINE_ATTN_CASE(4)
     ENGINE_ATTN_CASE(5) ENGINE_ATTN_CASE(6) ENGINE_ATTN_CASE(7) ENGINE_ATTN_CASE(8)
     ENGINE_ATTN_CASE(9) ENGINE_ATTN_CASE(10) ENGINE_ATTN_CASE(11) ENGINE_ATTN_CASE(12)

@@ -1,4 +1,4 @@
-// rotary_embedding (RoPE), fp32 math, q/k in fp32 or bf16, cos_sin_cache fp32 [max_pos, rot_dim]
+// rotary_embedding (RoPE), fp32 math, q/k in fp32, bf16 or fp16, cos_sin_cache fp32 [max_pos, rot_dim]
 // (cos half, then sin half). Per head, the first rot_dim channels are rotated in pairs (neox: j and
 // j + rot/2; GPT-J: 2j and 2j + 1) as (a*cos - b*sin, b*cos + a*sin), the rest copied. Products and
 // the sum are rounded separately (no FMA), like the torch reference, so fp32 results match it bit
@@ -41,12 +41,20 @@ struct RotaryRow {
   DType dtype;
 };
 
-// The scalar variant rotates pairs [j0, rot_dim/2) of every head (the vector variants' tails) and,
-// when copy_tail, copies channels [rot_dim, head_dim).
-void rotary_row_scalar(const RotaryRow& r, int64_t j0, bool copy_tail);
+// One variant per ISA: rotary_impl.h instantiated by small_ops_<isa>.cpp.
+void rotary_row_scalar(const RotaryRow& r);
 #ifdef ENGINE_X86
 void rotary_row_avx2(const RotaryRow& r);
 void rotary_row_avx512(const RotaryRow& r);
+#endif
+#ifdef ENGINE_ARM64
+void rotary_row_neon(const RotaryRow& r);
+#endif
+#ifdef ENGINE_VSX
+void rotary_row_vsx(const RotaryRow& r);
+#endif
+#ifdef ENGINE_RVV
+void rotary_row_rvv(const RotaryRow& r);
 #endif
 
 }  // namespace engine_cpu

@@ -1,5 +1,5 @@
 // The one-source vector layer: a kernel is written once against a backend `V` and instantiated per
-// target (scalar, AVX2, AVX-512, NEON, VSX) by a small per-ISA file that includes the kernel's
+// target (scalar, AVX2, AVX-512, NEON, VSX, RVV) by a small per-ISA file that includes the kernel's
 // `*_impl.h` with that backend; RVV kernels use the length-agnostic loop shape described below.
 //
 // Why our own layer and not Google Highway (tried 2026-11-30 with the Debian 12 toolchains, FACTS.md):
@@ -22,11 +22,13 @@
 // * Length agnostic (RVV 1.0, and any backend): loops are written
 //     for (size_t i = 0, vl; i < n; i += vl) { vl = setvl(n - i); ... }
 //   with no arrays of vectors (RVV types are sizeless), and the vector length is read at run time, so
-//   one binary is correct at any VLEN. The RVV kernels (gguf_linear_rvv.cpp) are written that way.
+//   one binary is correct at any VLEN. The RVV kernels (gguf_linear_rvv.cpp) are written that way, and
+//   the streaming members below give every backend (VecRvv of vec_rvv.h included) that shape with
+//   lanes() as the step: rms_norm_impl.h, rotary_impl.h and activation_impl.h use it.
 //
 // Each backend is a struct of static inline functions in an anonymous namespace (internal linkage: no
 // ISA-specific code can leak into a shared inline definition). Include only inside the matching
-// #ifdef (ENGINE_X86, ENGINE_ARM64, ENGINE_VSX).
+// #ifdef (ENGINE_X86, ENGINE_ARM64, ENGINE_VSX); the RVV backends (vec_rvv.h) come with -march=...v.
 #pragma once
 
 #include <algorithm>
@@ -54,10 +56,29 @@
 namespace engine_cpu {
 namespace {
 
+// memcpy of bytes <= kMax (a power of two) as a few fixed-size moves (a variable-size memcpy is a
+// library call): the partial vectors of the *_n loads and stores.
+template <size_t kMax>
+inline void copy_small(void* dst, const void* src, size_t bytes) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  size_t o = 0;
+  if (bytes == kMax) return (void)std::memcpy(d, s, kMax);
+  if (bytes & 8) std::memcpy(d + o, s + o, 8), o += 8;
+  if (bytes & 4) std::memcpy(d + o, s + o, 4), o += 4;
+  if (bytes & 2) std::memcpy(d + o, s + o, 2), o += 2;
+  if (bytes & 1) d[o] = s[o];
+}
+
 // The fixed-width contract, shown by the portable backend: every other backend has the same members.
 // `fma(a, b, c)` = a * b + c; `transpose_add(v)` takes W vectors and returns the vector whose lane i is
 // the sum of the lanes of v[i]; `keep_first(v, n, fill)` keeps lanes < n and puts fill in the others;
-// kAccRegs / kMaxRows size register blocking (accumulators a kernel may keep live). The portable
+// kAccRegs / kMaxRows size register blocking (accumulators a kernel may keep live).
+// Streaming members (elementwise kernels: rms_norm, rotary, activation; every backend, RVV included):
+// lanes() = lanes per step (W, or VLMAX read at run time on RVV); `*_n(p, n)` loads put 0 in lanes >= n
+// and `*_n` stores write lanes < n only (n <= lanes()); store_fp16 rounds to nearest even;
+// swap_pairs exchanges lanes 2i and 2i+1; dup_pairs(p) has lanes 2i and 2i+1 = p[i] (reads lanes()/2
+// floats; dup_pairs_n reads n/2, n even); neg_even flips the sign of the even lanes. The portable
 // backend is four plain floats: chunked like the vector backends (per-chunk costs amortised over four
 // keys), and the compiler may vectorize it for the build's baseline ISA.
 struct VecScalar {
@@ -102,6 +123,36 @@ struct VecScalar {
     return v;
   }
   static bool any_gt(F a, F b) { return a.v[0] > b.v[0] || a.v[1] > b.v[1] || a.v[2] > b.v[2] || a.v[3] > b.v[3]; }
+  static constexpr size_t lanes() { return 4; }
+  static F load_n(const float* p, size_t n) {
+    F r = zero();
+    for (size_t i = 0; i < n; ++i) r.v[i] = p[i];
+    return r;
+  }
+  static void store_n(float* p, F v, size_t n) {
+    for (size_t i = 0; i < n; ++i) p[i] = v.v[i];
+  }
+  static F load_bf16_n(const uint16_t* p, size_t n) {
+    F r = zero();
+    for (size_t i = 0; i < n; ++i) r.v[i] = bf16_to_f32(p[i]);
+    return r;
+  }
+  static void store_bf16_n(uint16_t* p, F v, size_t n) {
+    for (size_t i = 0; i < n; ++i) p[i] = f32_to_bf16(v.v[i]);
+  }
+  static F load_fp16_n(const uint16_t* p, size_t n) {
+    F r = zero();
+    for (size_t i = 0; i < n; ++i) r.v[i] = fp16_to_f32(p[i]);
+    return r;
+  }
+  static void store_fp16(uint16_t* p, F v) { store_fp16_n(p, v, 4); }
+  static void store_fp16_n(uint16_t* p, F v, size_t n) {
+    for (size_t i = 0; i < n; ++i) p[i] = f32_to_fp16(v.v[i]);
+  }
+  static F swap_pairs(F v) { return F{{v.v[1], v.v[0], v.v[3], v.v[2]}}; }
+  static F dup_pairs(const float* p) { return F{{p[0], p[0], p[1], p[1]}}; }
+  static F dup_pairs_n(const float* p, size_t n) { return n >= 4 ? dup_pairs(p) : F{{p[0], p[0], 0.0f, 0.0f}}; }
+  static F neg_even(F v) { return F{{-v.v[0], v.v[1], -v.v[2], v.v[3]}}; }
 };
 
 #ifdef ENGINE_X86
@@ -144,6 +195,50 @@ struct VecAvx2 {
     return _mm256_blendv_ps(fill, v, _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(n)), _CMP_LT_OQ));
   }
   ENGINE_AVX2 static bool any_gt(F a, F b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0; }
+  static constexpr size_t lanes() { return 8; }
+  ENGINE_AVX2 static __m256i mask_n(size_t n) {  // lanes < n all ones
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  ENGINE_AVX2 static F load_n(const float* p, size_t n) { return _mm256_maskload_ps(p, mask_n(n)); }
+  ENGINE_AVX2 static void store_n(float* p, F v, size_t n) { _mm256_maskstore_ps(p, mask_n(n), v); }
+  // n < 8 halfwords in lanes < n, 0 elsewhere, without a store-forwarding stall through memory: the
+  // n/2 whole dwords by maskload, an odd last halfword moved into place by pshufb.
+  ENGINE_AVX2 static __m128i u16_load_n(const uint16_t* p, size_t n) {
+    alignas(16) static const int8_t place[32] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                 0,  1,  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    __m128i h = _mm_maskload_epi32(reinterpret_cast<const int*>(p), _mm256_castsi256_si128(mask_n(n / 2)));
+    if (n & 1) {
+      const __m128i ctrl = _mm_loadu_si128(reinterpret_cast<const __m128i*>(place + 16 - 2 * (n - 1)));
+      h = _mm_or_si128(h, _mm_shuffle_epi8(_mm_cvtsi32_si128(p[n - 1]), ctrl));
+    }
+    return h;
+  }
+  ENGINE_AVX2 static F load_bf16_n(const uint16_t* p, size_t n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(u16_load_n(p, n)), 16));
+  }
+  ENGINE_AVX2 static void store_bf16_n(uint16_t* p, F v, size_t n) {
+    alignas(16) uint16_t b[8];
+    store_bf16(b, v);
+    copy_small<16>(p, b, n * 2);
+  }
+  ENGINE_AVX2 static F load_fp16_n(const uint16_t* p, size_t n) { return _mm256_cvtph_ps(u16_load_n(p, n)); }
+  ENGINE_AVX2 static void store_fp16(uint16_t* p, F v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  ENGINE_AVX2 static void store_fp16_n(uint16_t* p, F v, size_t n) {
+    alignas(16) uint16_t b[8];
+    store_fp16(b, v);
+    copy_small<16>(p, b, n * 2);
+  }
+  ENGINE_AVX2 static F swap_pairs(F v) { return _mm256_permute_ps(v, 0xB1); }
+  ENGINE_AVX2 static F dup_pairs(const float* p) {
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(p)), _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+  }
+  ENGINE_AVX2 static F dup_pairs_n(const float* p, size_t n) {
+    const __m128 h = _mm_maskload_ps(p, _mm256_castsi256_si128(mask_n(n / 2)));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(h), _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+  }
+  ENGINE_AVX2 static F neg_even(F v) { return _mm256_xor_ps(v, _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000LL))); }
 };
 
 struct VecAvx512 {
@@ -180,6 +275,33 @@ struct VecAvx512 {
   }
   ENGINE_AVX512 static F keep_first(F v, int n, F fill) { return _mm512_mask_mov_ps(fill, tail_mask(n), v); }
   ENGINE_AVX512 static bool any_gt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
+  static constexpr size_t lanes() { return 16; }
+  ENGINE_AVX512 static F load_n(const float* p, size_t n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
+  ENGINE_AVX512 static void store_n(float* p, F v, size_t n) { _mm512_mask_storeu_ps(p, tail_mask(n), v); }
+  ENGINE_AVX512 static F load_bf16_n(const uint16_t* p, size_t n) { return bf16x16_load(p, tail_mask(n)); }
+  ENGINE_AVX512 static void store_bf16_n(uint16_t* p, F v, size_t n) { bf16x16_store(p, v, tail_mask(n)); }
+  ENGINE_AVX512 static F load_fp16_n(const uint16_t* p, size_t n) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(n), p));
+  }
+  ENGINE_AVX512 static void store_fp16(uint16_t* p, F v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  ENGINE_AVX512 static void store_fp16_n(uint16_t* p, F v, size_t n) {
+    _mm256_mask_storeu_epi16(p, tail_mask(n), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  ENGINE_AVX512 static F swap_pairs(F v) { return _mm512_permute_ps(v, 0xB1); }
+  ENGINE_AVX512 static F dup_pairs_n(const float* p, size_t n) {
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m256 h = _mm256_maskz_loadu_ps(static_cast<__mmask8>(tail_mask(n / 2)), p);
+    return _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(h));
+  }
+  ENGINE_AVX512 static F dup_pairs(const float* p) {
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    return _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(p)));
+  }
+  ENGINE_AVX512 static F neg_even(F v) {
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi64(0x80000000LL)));
+  }
 };
 #endif  // ENGINE_X86
 
@@ -214,6 +336,49 @@ struct VecNeon {
     return vbslq_f32(vcltq_f32(vld1q_f32(lanes), vdupq_n_f32(static_cast<float>(n))), v, fill);
   }
   static bool any_gt(F a, F b) { return vmaxvq_u32(vcgtq_f32(a, b)) != 0; }
+  static constexpr size_t lanes() { return 4; }
+  static F load_n(const float* p, size_t n) {
+    float b[4] = {0, 0, 0, 0};
+    copy_small<16>(b, p, n * 4);
+    return vld1q_f32(b);
+  }
+  static void store_n(float* p, F v, size_t n) {
+    float b[4];
+    vst1q_f32(b, v);
+    copy_small<16>(p, b, n * 4);
+  }
+  static F load_bf16_n(const uint16_t* p, size_t n) {
+    uint16_t b[4] = {0, 0, 0, 0};
+    copy_small<8>(b, p, n * 2);
+    return load_bf16(b);
+  }
+  static void store_bf16_n(uint16_t* p, F v, size_t n) {
+    uint16_t b[4];
+    store_bf16(b, v);
+    copy_small<8>(p, b, n * 2);
+  }
+  static F load_fp16_n(const uint16_t* p, size_t n) {
+    uint16_t b[4] = {0, 0, 0, 0};
+    copy_small<8>(b, p, n * 2);
+    return load_fp16(b);
+  }
+  static void store_fp16(uint16_t* p, F v) { vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(v))); }
+  static void store_fp16_n(uint16_t* p, F v, size_t n) {
+    uint16_t b[4];
+    store_fp16(b, v);
+    copy_small<8>(p, b, n * 2);
+  }
+  static F swap_pairs(F v) { return vrev64q_f32(v); }
+  static F dup_pairs(const float* p) {
+    const float32x2_t h = vld1_f32(p);
+    return vcombine_f32(vdup_lane_f32(h, 0), vdup_lane_f32(h, 1));
+  }
+  static F dup_pairs_n(const float* p, size_t n) {
+    return n >= 4 ? dup_pairs(p) : vcombine_f32(vdup_n_f32(p[0]), vdup_n_f32(0.0f));
+  }
+  static F neg_even(F v) {
+    return vreinterpretq_f32_u64(veorq_u64(vreinterpretq_u64_f32(v), vdupq_n_u64(0x80000000ULL)));
+  }
 };
 #endif  // ENGINE_ARM64
 
@@ -264,6 +429,53 @@ struct VecVsx {
     return vec_sel(fill, v, vec_cmplt(lane, vec_splats(static_cast<float>(n))));
   }
   static bool any_gt(F a, F b) { return vec_any_gt(a, b); }
+  static constexpr size_t lanes() { return 4; }
+  static F load_n(const float* p, size_t n) {
+    float b[4] = {0, 0, 0, 0};
+    copy_small<16>(b, p, n * 4);
+    return load(b);
+  }
+  static void store_n(float* p, F v, size_t n) {
+    float b[4];
+    store(b, v);
+    copy_small<16>(p, b, n * 4);
+  }
+  static F load_bf16_n(const uint16_t* p, size_t n) {
+    uint16_t b[4] = {0, 0, 0, 0};
+    copy_small<8>(b, p, n * 2);
+    return load_bf16(b);
+  }
+  static void store_bf16_n(uint16_t* p, F v, size_t n) {
+    for (size_t i = 0; i < n; ++i) p[i] = f32_to_bf16(v[i]);
+  }
+  static F load_fp16_n(const uint16_t* p, size_t n) {
+    uint16_t b[4] = {0, 0, 0, 0};
+    copy_small<8>(b, p, n * 2);
+    return load_fp16(b);
+  }
+  static void store_fp16(uint16_t* p, F v) {
+#ifdef _ARCH_PWR9  // xvcvsphp (four fp32 lanes to fp16, nearest even) and a pack: halfwords 0..3
+    const __vector unsigned short h = vec_pack_to_short_fp32(v, v);
+    std::memcpy(p, &h, 8);
+#else
+    for (int i = 0; i < 4; ++i) p[i] = f32_to_fp16(v[i]);
+#endif
+  }
+  static void store_fp16_n(uint16_t* p, F v, size_t n) {
+    uint16_t b[4];
+    store_fp16(b, v);
+    copy_small<8>(p, b, n * 2);
+  }
+  static F swap_pairs(F v) {  // rotating each 64-bit element by 32 bits swaps its two floats
+    using U2 = __vector unsigned long long;
+    return reinterpret_cast<F>(vec_rl(reinterpret_cast<U2>(v), vec_splats(32ULL)));
+  }
+  static F dup_pairs(const float* p) { return F{p[0], p[0], p[1], p[1]}; }
+  static F dup_pairs_n(const float* p, size_t n) { return n >= 4 ? dup_pairs(p) : F{p[0], p[0], 0.0f, 0.0f}; }
+  static F neg_even(F v) {
+    using U2 = __vector unsigned long long;
+    return reinterpret_cast<F>(vec_xor(reinterpret_cast<U2>(v), vec_splats(0x80000000ULL)));
+  }
 };
 #endif  // ENGINE_VSX
 
@@ -304,3 +516,7 @@ inline __vector float VecVsx::exp(__vector float x) {
 
 }  // namespace
 }  // namespace engine_cpu
+
+#if defined(ENGINE_RVV) && defined(__riscv_vector)
+#include "vec_rvv.h"  // VecRvv (length agnostic) and VecRvv128 (fixed 4 lanes): the RVV 1.0 backends
+#endif

@@ -1,0 +1,292 @@
+// The fp32-activation GGUF linear kernels (gguf_linear.h's decode / dot / gemv), written once on the
+// vector layer (vec.h + gguf_vec.h) and instantiated per ISA by gguf_linear_{scalar,avx2,avx512,neon,vsx}.cpp,
+// which define ENGINE_VEC_FN (the backend's target attribute) first. RVV keeps its length-agnostic
+// kernels (gguf_linear_rvv.cpp): its vector types are sizeless, so they cannot live in arrays as here.
+//
+// Values: decode gives the reference's values bit for bit ((q - 8) * d, q * d + m as a multiply then an
+// add, q * d); gemv computes d * (q . x_b) + m * sum(x_b) per block b (Q4_0: m = -8 d), which is the
+// same sum up to the order of the fp32 operations (backends with a 16-lane table lookup, kLut16, take
+// each Q4 value from the block's table of its 16 possible values instead).
+//
+// `#pragma GCC unroll` (GCC and clang) sits on every loop over an array of vectors: fully unrolled, the
+// arrays live in registers (left rolled, GCC keeps them on the stack: 2x slower at -O2, measured).
+#include <cstdint>
+#include <vector>
+
+#include "gguf_dequant.h"
+#include "gguf_linear.h"
+#include "gguf_vec.h"
+
+#ifndef ENGINE_VEC_FN
+#error "define ENGINE_VEC_FN before including gguf_linear_impl.h"
+#endif
+
+namespace engine_cpu {
+namespace {
+
+template <int kQ>
+constexpr int kQBytes = kQ == kQ8_0 ? 34 : kQ == kQ4_1 ? 20 : 18;
+
+// The 32 unscaled quants of the block at b as 32 / W vectors (Q4: 0..15, Q8_0: -128..127). kWhole (Q4):
+// the second half is the whole bytes (low + 16 * high nibble, see gemv_rows), one shift fewer per vector.
+template <class V, int kQ, bool kWhole = false>
+ENGINE_VEC_FN inline void block_quants(const uint8_t* b, typename V::F* q) {
+  using Q = QuantOps<V>;
+  constexpr int W = V::W, NC = 32 / W;
+  const uint8_t* qs = b + (kQ == kQ4_1 ? 4 : 2);
+  if constexpr (Q::kBlockLoads) {
+    if constexpr (kQ == kQ8_0) Q::q8_block(reinterpret_cast<const int8_t*>(qs), q);
+    else Q::q4_block(qs, q, kWhole);
+  } else if constexpr (kQ == kQ8_0) {
+    #pragma GCC unroll 32
+    for (int c = 0; c < NC; ++c) q[c] = Q::from_i8(reinterpret_cast<const int8_t*>(qs) + W * c);
+  } else {
+    #pragma GCC unroll 32
+    for (int c = 0; c < NC / 2; ++c) {
+      q[c] = Q::from_u4lo(qs + W * c);
+      q[NC / 2 + c] = kWhole ? Q::from_u8(qs + W * c) : Q::from_u4hi(qs + W * c);
+    }
+  }
+}
+
+// kLut16 backends (W == 16): the 16 values a Q4 block can hold, as the reference computes them: (i - 8) * d
+// or i * d + m (a multiply, then an add; kFused: one FMA, within an ulp, for gemv).
+template <class V, int kQ, bool kFused = false>
+ENGINE_VEC_FN inline typename V::F q4_table(typename V::F d, const uint8_t* b, const float* lut) {
+  alignas(64) static const float kIota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  alignas(64) static const float kIota8[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+  if constexpr (kQ == kQ4_0) return V::mul(V::load(kIota8), d);
+  else if constexpr (kFused) return V::fma(V::load(kIota), d, V::set1(lut[load_fp16(b + 2)]));
+  else return V::add(V::mul(V::load(kIota), d), V::set1(lut[load_fp16(b + 2)]));
+}
+
+template <class V, int kQ>
+ENGINE_VEC_FN void decode_q(const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst, const float* lut) {
+  using F = typename V::F;
+  constexpr int W = V::W, NC = 32 / W;
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* b = w + r * w_stride;
+    float* out = dst + r * k;
+    for (int64_t c = 0; c < k; c += 32, b += kQBytes<kQ>, out += 32) {
+      const F d = V::set1(lut[load_fp16(b)]);
+      if constexpr (kQ != kQ8_0 && QuantOps<V>::kLut16) {  // the block's 16 values, each nibble picks one
+        const F table = q4_table<V, kQ>(d, b, lut);
+        const uint8_t* qs = b + (kQ == kQ4_1 ? 4 : 2);
+        V::store(out, QuantOps<V>::lut16_lo(table, qs));
+        V::store(out + 16, QuantOps<V>::lut16_hi(table, qs));
+        continue;
+      }
+      F q[NC];
+      block_quants<V, kQ>(b, q);
+      if constexpr (kQ == kQ4_1) {
+        const F m = V::set1(lut[load_fp16(b + 2)]);
+        #pragma GCC unroll 32
+        for (int i = 0; i < NC; ++i) V::store(out + W * i, V::add(V::mul(q[i], d), m));
+      } else if constexpr (kQ == kQ4_0) {
+        const F eight = V::set1(8.0f);
+        #pragma GCC unroll 32
+        for (int i = 0; i < NC; ++i) V::store(out + W * i, V::mul(V::sub(q[i], eight), d));
+      } else {
+        #pragma GCC unroll 32
+        for (int i = 0; i < NC; ++i) V::store(out + W * i, V::mul(q[i], d));
+      }
+    }
+  }
+}
+
+template <class V>
+ENGINE_VEC_FN void decode_impl(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst,
+                               const float* lut) {
+  with_qtype(qtype, [&](auto q) { decode_q<V, decltype(q)::value>(w, w_stride, rows, k, dst, lut); });
+}
+
+// Registers a dot tile may use: every backend has twice kAccRegs vector registers; 5 hold the four panel
+// vectors and an x vector.
+template <class V>
+constexpr int kDotRows = (2 * V::kAccRegs - 5) / 4 < kMaxTileM ? (2 * V::kAccRegs - 5) / 4 : kMaxTileM;
+
+// MT rows of x against the 4-row panel; U independent accumulator sets hide the FMA latency when MT is small.
+template <class V, int MT, int U>
+ENGINE_VEC_FN void dot_t(const float* x, int64_t xs, const float* w, int64_t k, float* out) {
+  static_assert(kPanelRows == 4, "the accumulator layout assumes 4 panel rows");
+  using F = typename V::F;
+  constexpr int W = V::W;
+  F acc[U][MT][4];
+  #pragma GCC unroll 32
+  for (int u = 0; u < U; ++u)
+    #pragma GCC unroll 32
+    for (int i = 0; i < MT; ++i)
+      #pragma GCC unroll 32
+      for (int j = 0; j < 4; ++j) acc[u][i][j] = V::zero();
+  int64_t c = 0;
+  for (; c + W * U <= k; c += W * U) {
+    #pragma GCC unroll 32
+    for (int u = 0; u < U; ++u) {
+      const int64_t cc = c + W * u;
+      const F w0 = V::load(w + cc), w1 = V::load(w + k + cc);
+      const F w2 = V::load(w + 2 * k + cc), w3 = V::load(w + 3 * k + cc);
+      #pragma GCC unroll 32
+      for (int i = 0; i < MT; ++i) {
+        const F xv = V::load(x + i * xs + cc);
+        acc[u][i][0] = V::fma(w0, xv, acc[u][i][0]);
+        acc[u][i][1] = V::fma(w1, xv, acc[u][i][1]);
+        acc[u][i][2] = V::fma(w2, xv, acc[u][i][2]);
+        acc[u][i][3] = V::fma(w3, xv, acc[u][i][3]);
+      }
+    }
+  }
+  for (; c < k; c += W) {  // k % (W * U) (k is a multiple of 32, so of W)
+    const F w0 = V::load(w + c), w1 = V::load(w + k + c);
+    const F w2 = V::load(w + 2 * k + c), w3 = V::load(w + 3 * k + c);
+    #pragma GCC unroll 32
+    for (int i = 0; i < MT; ++i) {
+      const F xv = V::load(x + i * xs + c);
+      acc[0][i][0] = V::fma(w0, xv, acc[0][i][0]);
+      acc[0][i][1] = V::fma(w1, xv, acc[0][i][1]);
+      acc[0][i][2] = V::fma(w2, xv, acc[0][i][2]);
+      acc[0][i][3] = V::fma(w3, xv, acc[0][i][3]);
+    }
+  }
+  #pragma GCC unroll 32
+  for (int i = 0; i < MT; ++i) {
+    #pragma GCC unroll 32
+    for (int u = 1; u < U; ++u)
+      #pragma GCC unroll 32
+      for (int j = 0; j < 4; ++j) acc[0][i][j] = V::add(acc[0][i][j], acc[u][i][j]);
+    QuantOps<V>::reduce4(acc[0][i], out + i * 4);
+  }
+}
+
+template <class V, int MT>
+ENGINE_VEC_FN inline void dot_rows(const float* x, int64_t xs, const float* w, int64_t k, float* out) {
+  constexpr int U = MT <= 2 && 8 * MT + 5 <= 2 * V::kAccRegs ? 2 : 1;
+  dot_t<V, MT, U>(x, xs, w, k, out);
+}
+
+template <class V, int MT>
+ENGINE_VEC_FN inline void dot_tail(int mt, const float* x, int64_t xs, const float* w, int64_t k, float* out) {
+  if constexpr (MT > 0) {
+    if (mt == MT) return dot_rows<V, MT>(x, xs, w, k, out);
+    dot_tail<V, MT - 1>(mt, x, xs, w, k, out);
+  }
+}
+
+template <class V>
+ENGINE_VEC_FN void dot_impl(const float* x, int64_t xs, int mt, const float* w, int64_t k, float* out) {
+  constexpr int R = kDotRows<V>;
+  int i = 0;
+  for (; i + R <= mt; i += R) dot_rows<V, R>(x + i * xs, xs, w, k, out + i * 4);
+  dot_tail<V, R - 1>(mt - i, x + i * xs, xs, w, k, out + i * 4);
+}
+
+// M = 1: R weight rows at once, each block decoded in registers. Per block b of a row the dot product is
+// d * (q . x_b) + m * sum(x_b), so the quants are converted but never scaled; xsum[b * W + l] holds the
+// W-lane partial sums of x_b (computed once per call). Q4 without kLut16: with lo_j, hi_j the nibbles of
+// byte j (elements j and j + 16) and a_j = lo_j + 16 hi_j the byte itself,
+//   q . x_b = sum_j lo_j x_j + hi_j x_{j+16} = sum_j lo_j (x_j - x_{j+16} / 16) + a_j (x_{j+16} / 16),
+// so x arrives as xq (that pair of vectors per block, split_x) and the high nibbles need no shift.
+template <class V, int kQ, int R>
+ENGINE_VEC_FN void gemv_rows(const uint8_t* w, int64_t w_stride, int64_t k, const float* x, const float* xsum,
+                             float* out, const float* lut) {
+  using F = typename V::F;
+  constexpr int W = V::W, NC = 32 / W;
+  F acc[R], accm[R];
+  #pragma GCC unroll 32
+  for (int i = 0; i < R; ++i) acc[i] = accm[i] = V::zero();
+  for (int64_t c = 0, off = 0; c < k; c += 32, off += kQBytes<kQ>) {
+    F xv[NC];
+    #pragma GCC unroll 32
+    for (int j = 0; j < NC; ++j) xv[j] = V::load(x + c + W * j);
+    const F xs = kQ != kQ8_0 && !QuantOps<V>::kLut16 ? V::load(xsum + c / 32 * W) : V::zero();
+    // Q4_0: d * (q . x_b - 8 sum(x_b)), the -8 sum(x_b) seeding each row's block dot (no scalar m per row).
+    const F xs8 = kQ == kQ4_0 ? V::mul(xs, V::set1(-8.0f)) : V::zero();
+    #pragma GCC unroll 32
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* b = w + i * w_stride + off;
+      // The next R rows (prefetch never faults, past the end too): several times the bandwidth of the
+      // hardware prefetcher alone on the 30 MB LM head, measured.
+      __builtin_prefetch(b + R * w_stride, 0, 3);
+      if constexpr (kQ != kQ8_0 && QuantOps<V>::kLut16) {  // values from the block's table: no scaling after
+        const F table = q4_table<V, kQ, true>(V::set1(lut[load_fp16(b)]), b, lut);
+        const uint8_t* qs = b + (kQ == kQ4_1 ? 4 : 2);
+        acc[i] = V::fma(QuantOps<V>::lut16_lo(table, qs), xv[0], acc[i]);
+        accm[i] = V::fma(QuantOps<V>::lut16_hi(table, qs), xv[1], accm[i]);
+        continue;
+      }
+      F q[NC];
+      block_quants<V, kQ, kQ != kQ8_0>(b, q);
+      F t = kQ == kQ4_0 ? V::fma(q[0], xv[0], xs8) : V::mul(q[0], xv[0]);
+      #pragma GCC unroll 32
+      for (int j = 1; j < NC; ++j) t = V::fma(q[j], xv[j], t);
+      acc[i] = V::fma(t, V::set1(lut[load_fp16(b)]), acc[i]);
+      if constexpr (kQ == kQ4_1) accm[i] = V::fma(xs, V::set1(lut[load_fp16(b + 2)]), accm[i]);
+    }
+  }
+  if constexpr (R == 4) {
+    F s[4];
+    #pragma GCC unroll 32
+    for (int i = 0; i < 4; ++i) s[i] = V::add(acc[i], accm[i]);
+    QuantOps<V>::reduce4(s, out);
+  } else {
+    #pragma GCC unroll 32
+    for (int i = 0; i < R; ++i) out[i] = V::reduce_add(V::add(acc[i], accm[i]));
+  }
+}
+
+// xsum[b * W + l] = sum over the block's chunks j of x[32 b + W j + l].
+template <class V>
+ENGINE_VEC_FN void block_sums(const float* x, int64_t k, float* xsum) {
+  constexpr int W = V::W;
+  for (int64_t c = 0; c < k; c += 32) {
+    typename V::F s = V::load(x + c);
+    #pragma GCC unroll 32
+    for (int j = 1; j < 32 / W; ++j) s = V::add(s, V::load(x + c + W * j));
+    V::store(xsum + c / 32 * W, s);
+  }
+}
+
+// xq per block: x_j - x_{j+16} / 16 for j < 16, then x_{j+16} / 16 (gemv_rows).
+template <class V>
+ENGINE_VEC_FN void split_x(const float* x, int64_t k, float* xq) {
+  constexpr int W = V::W;
+  const typename V::F sixteenth = V::set1(0.0625f);
+  for (int64_t c = 0; c < k; c += 32) {
+    #pragma GCC unroll 32
+    for (int j = 0; j < 16; j += W) {
+      const typename V::F v = V::mul(V::load(x + c + 16 + j), sixteenth);
+      V::store(xq + c + j, V::sub(V::load(x + c + j), v));
+      V::store(xq + c + 16 + j, v);
+    }
+  }
+}
+
+template <class V, int kQ>
+ENGINE_VEC_FN void gemv_q(const uint8_t* w, int64_t w_stride, int rows, int64_t k, const float* x, float* out,
+                          const float* lut) {
+  thread_local std::vector<float> xsum, xq;
+  if (kQ != kQ8_0 && !QuantOps<V>::kLut16) {
+    if (xsum.size() < static_cast<size_t>(k / 32 * V::W)) xsum.resize(static_cast<size_t>(k / 32 * V::W));
+    if (xq.size() < static_cast<size_t>(k + 16)) xq.resize(static_cast<size_t>(k + 16));
+    float* const xa = xq.data() + (16 - reinterpret_cast<uintptr_t>(xq.data()) / 4 % 16) % 16;  // 64-byte aligned
+    block_sums<V>(x, k, xsum.data());
+    split_x<V>(x, k, xa);
+    x = xa;
+  }
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) gemv_rows<V, kQ, 4>(w + r * w_stride, w_stride, k, x, xsum.data(), out + r, lut);
+  for (; r < rows; ++r) gemv_rows<V, kQ, 1>(w + r * w_stride, w_stride, k, x, xsum.data(), out + r, lut);
+}
+
+template <class V>
+ENGINE_VEC_FN void gemv_impl(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, const float* x,
+                             float* out, const float* lut) {
+  with_qtype(qtype, [&](auto q) { gemv_q<V, decltype(q)::value>(w, w_stride, rows, k, x, out, lut); });
+}
+
+template <class V>
+GgufLinearKernels gguf_kernels() {
+  return {decode_impl<V>, dot_impl<V>, gemv_impl<V>};
+}
+
+}  // namespace
+}  // namespace engine_cpu
