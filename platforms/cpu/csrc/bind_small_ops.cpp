@@ -15,8 +15,9 @@ using namespace engine_cpu;
 namespace {
 
 DType small_dtype(int code) {
-  if (code != static_cast<int>(DType::F32) && code != static_cast<int>(DType::BF16))
-    throw std::invalid_argument("dtype code must be 0 (fp32) or 1 (bf16), got " + std::to_string(code));
+  if (code != static_cast<int>(DType::F32) && code != static_cast<int>(DType::BF16) &&
+      code != static_cast<int>(DType::F16))
+    throw std::invalid_argument("dtype code must be 0 (fp32), 1 (bf16) or 2 (fp16), got " + std::to_string(code));
   return static_cast<DType>(code);
 }
 

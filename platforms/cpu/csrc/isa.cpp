@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#if defined(ENGINE_ARM64) || defined(ENGINE_RVV)
+#if defined(ENGINE_ARM64) || defined(ENGINE_RVV) || defined(ENGINE_VSX_POWER9)
 #include <sys/auxv.h>
 #endif
 
@@ -39,7 +39,11 @@ bool cpu_supports(Isa isa) {
 #ifdef ENGINE_ARM64
   if (isa == Isa::Neon) return true;  // Advanced SIMD is mandatory on AArch64 Linux
 #endif
-#ifdef ENGINE_VSX
+#if defined(ENGINE_VSX) && defined(ENGINE_VSX_POWER9)
+  // The *_vsx.cpp kernels are compiled with -mcpu=power9 (fp16 <-> fp32 conversions, ISA 3.0).
+  constexpr unsigned long kFeature2Arch300 = 0x00800000UL;  // PPC_FEATURE2_ARCH_3_00, spelled out for old headers
+  if (isa == Isa::Vsx) return (getauxval(AT_HWCAP2) & kFeature2Arch300) != 0;
+#elif defined(ENGINE_VSX)
   if (isa == Isa::Vsx) return true;  // the build targets a VSX CPU (every ppc64le ABI baseline has it)
 #endif
 #ifdef ENGINE_RVV
@@ -75,6 +79,19 @@ std::vector<Isa> supported_isas() {
   return out;
 }
 
+std::string isa_missing_reason(Isa isa) {
+#if defined(ENGINE_VSX) && defined(ENGINE_VSX_POWER9)
+  if (isa == Isa::Vsx && !cpu_supports(isa))
+    return " (its kernels are built for POWER9, ISA 3.0, and AT_HWCAP2 lacks PPC_FEATURE2_ARCH_3_00: "
+           "an older POWER CPU runs the scalar variant)";
+#endif
+#ifdef ENGINE_RVV
+  if (isa == Isa::Rvv && !cpu_supports(isa)) return " (AT_HWCAP has no 'V' bit: the CPU lacks RVV 1.0)";
+#endif
+  (void)isa;
+  return "";
+}
+
 Isa current_isa() { return static_cast<Isa>(g_isa.load(std::memory_order_relaxed)); }
 
 void set_isa(const std::string& name) {
@@ -91,8 +108,8 @@ void set_isa(const std::string& name) {
   if (!cpu_supports(isa)) {
     std::string have;
     for (Isa s : supported_isas()) have += std::string(have.empty() ? "" : ", ") + isa_name(s);
-    throw std::runtime_error("CPU ISA '" + name + "' was requested but this CPU (or this build) cannot run it; "
-                             "supported here: " + have);
+    throw std::runtime_error("CPU ISA '" + name + "' was requested but this CPU (or this build) cannot run it" +
+                             isa_missing_reason(isa) + "; supported here: " + have);
   }
   g_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
 }

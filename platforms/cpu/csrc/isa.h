@@ -24,7 +24,8 @@ namespace engine_cpu {
 
 // Neon is AArch64's Advanced SIMD (always present there); kernels that also want the int8 dot-product
 // instructions (SDOT/UDOT, Armv8.2 dotprod) ask cpu_has_dotprod() and keep a plain-NEON path.
-// Vsx: POWER's vector-scalar extension (ppc64le builds have it); Rvv: RISC-V V 1.0, compiled only
+// Vsx: POWER's vector-scalar extension (ppc64le builds have it; where the build compiles the VSX
+// kernels for POWER9, ENGINE_VSX_POWER9, the CPU must report ISA 3.0 in AT_HWCAP2); Rvv: RISC-V V 1.0, compiled only
 // with -march=...v and used when AT_HWCAP has the 'V' bit.
 enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, Vsx = 4, Rvv = 5 };
 
@@ -32,6 +33,9 @@ const char* isa_name(Isa isa);
 // ISA variants compiled into this binary that the running CPU (and OS) can execute, best first.
 std::vector<Isa> supported_isas();
 bool cpu_supports(Isa isa);
+// Why a variant compiled into this build cannot run on this CPU (" (...)", empty when it can or when
+// there is nothing to add to "cannot run it").
+std::string isa_missing_reason(Isa isa);
 // AArch64 with the dotprod extension (HWCAP_ASIMDDP); false elsewhere.
 bool cpu_has_dotprod();
 // x86 with AVX512_VNNI (vpdpbusd on 512-bit vectors); false elsewhere.

@@ -32,8 +32,9 @@ T* ptr(std::uintptr_t p) {
 }
 
 DType to_dtype(int code) {
-  if (code != static_cast<int>(DType::F32) && code != static_cast<int>(DType::BF16))
-    throw std::invalid_argument("dtype code must be 0 (fp32) or 1 (bf16), got " + std::to_string(code));
+  if (code != static_cast<int>(DType::F32) && code != static_cast<int>(DType::BF16) &&
+      code != static_cast<int>(DType::F16))
+    throw std::invalid_argument("dtype code must be 0 (fp32), 1 (bf16) or 2 (fp16), got " + std::to_string(code));
   return static_cast<DType>(code);
 }
 
@@ -51,6 +52,7 @@ PYBIND11_MODULE(_native, m) {
   num_threads();  // validates ENGINE_NUM_THREADS now, so a bad value fails at import with its message
   m.attr("DTYPE_F32") = static_cast<int>(DType::F32);
   m.attr("DTYPE_BF16") = static_cast<int>(DType::BF16);
+  m.attr("DTYPE_F16") = static_cast<int>(DType::F16);  // rms_norm, attention, small ops (not the GGUF kernels)
 
   m.def("num_threads", &num_threads, "Threads the native kernels use (ENGINE_NUM_THREADS, default: all CPUs).");
   m.def("set_num_threads", &set_num_threads, py::arg("n"), "Use n >= 1 threads from now on.");

@@ -190,6 +190,11 @@ struct VecAvx2 {
                            _mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
     return _mm256_add_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20), _mm256_permute2f128_ps(b[0], b[1], 0x31));
   }
+  // out[j] = the sum of the lanes of v[j], j < 4 (the 4-row reductions of moe_dot_impl.h).
+  ENGINE_AVX2 static void store_sum4(float* out, const F* v) {
+    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+  }
   ENGINE_AVX2 static F keep_first(F v, int n, F fill) {
     const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_blendv_ps(fill, v, _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(n)), _CMP_LT_OQ));
@@ -273,6 +278,7 @@ struct VecAvx512 {
                            _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xEE));
     return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
   }
+  ENGINE_AVX512 static void store_sum4(float* out, const F* v) { _mm_storeu_ps(out, hsum4(v[0], v[1], v[2], v[3])); }
   ENGINE_AVX512 static F keep_first(F v, int n, F fill) { return _mm512_mask_mov_ps(fill, tail_mask(n), v); }
   ENGINE_AVX512 static bool any_gt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
   static constexpr size_t lanes() { return 16; }
