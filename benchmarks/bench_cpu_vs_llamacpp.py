@@ -10,8 +10,11 @@ Measures, each system in its own subprocess (so one's threads never compete with
 - (c) throughput: 32 concurrent requests (random ids, lengths 32..64 from --seed) x 128 output tokens; output tok/s
   over the whole run, prefill included.
 - (d) time to first token of a 43-token prompt (random ids), best of --repeat.
-- (e) start-up: the model load inside the worker, and for engine the whole ``engine generate --max-tokens 1`` command
-  (a fresh process: imports, platform, model load, one token) timed from outside.
+- (e) start-up: the model load inside the worker (engine: ``LLM()``, tokenizer and KV cache included; llama.cpp:
+  ``llama_model_load_from_file``, its vocabulary included), and the whole command timed from outside, best of
+  --repeat fresh processes: ``engine generate --max-tokens 1 Hi`` (imports, platform, load, chat template, one
+  token) and, for llama.cpp, a process that imports llama_cpp, loads the model, makes a context and decodes the same
+  chat prompt to one token. ``--startup-only`` measures (e) alone (a minute instead of ten).
 - (f) engine only: the share of a single-stream decode step spent outside the native kernels (Python, dispatch,
   allocation, scheduler, sampler): 1 - (native kernel time per token, from cProfile's own time of the pybind calls
   over one request's decode steps) / (the unprofiled ms/token of the same request run just before).
@@ -41,6 +44,7 @@ llama-cpp-python is a benchmark-only dependency (it builds from its sdist in min
     python benchmarks/bench_cpu_vs_llamacpp.py                  # the full run, all cores
     python benchmarks/bench_cpu_vs_llamacpp.py --threads 1 --json out.json
     python benchmarks/bench_cpu_vs_llamacpp.py --quick          # tiny shapes, a smoke test
+    python benchmarks/bench_cpu_vs_llamacpp.py --startup-only   # (e) alone
 """
 
 from __future__ import annotations
@@ -133,6 +137,9 @@ def engine_worker(w: dict) -> dict:
     llm = LLM(dtype="float32", enable_prefix_caching=False, activation_quant=w.get("activation_quant", "none"))
     load = time.perf_counter() - t
     from engine.platforms.cpu import _native
+    if w.get("startup_only"):
+        return {"load_s": load, "threads": torch.get_num_threads(), "isa": _native.isa(),
+                "activation_quant": llm.activation_quant}
     eng = llm.engine
 
     def timed(prompt: list[int], n: int) -> tuple[list[int], list[float], float]:
@@ -180,6 +187,10 @@ def llamacpp_worker(w: dict) -> dict:
     if not model:
         raise RuntimeError(f"llama.cpp could not load {w['model']}")
     load = time.perf_counter() - t
+    info = {"load_s": load, "threads": w["threads"], "version": L.__version__,
+            "system_info": L.llama_print_system_info().decode(errors="replace").strip()}
+    if w.get("startup_only"):
+        return info
     vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
 
     def context(n_ctx: int, n_seq: int, n_batch: int):
@@ -223,9 +234,7 @@ def llamacpp_worker(w: dict) -> dict:
             times.append(time.perf_counter())
         return toks, times, t0
 
-    out: dict = {"load_s": load, "threads": w["threads"], "version": L.__version__,
-                 "system_info": L.llama_print_system_info().decode(errors="replace").strip(),
-                 **_single_stream(single, w), "ttft43_s": _ttft(single, w)}
+    out: dict = {**info, **_single_stream(single, w), "ttft43_s": _ttft(single, w)}
     L.llama_batch_free(batch)
     L.llama_free(ctx)
 
@@ -313,11 +322,43 @@ def hf_worker(w: dict) -> dict:
     return out
 
 
-WORKERS = {"engine": engine_worker, "llama.cpp": llamacpp_worker, "hf": hf_worker}
+def llamacpp_one_token(w: dict) -> dict:
+    """(e) for llama.cpp, a whole process's work: import, load, a context, the chat prompt decoded to one token."""
+    import ctypes
+
+    import llama_cpp as L
+    import numpy as np
+
+    quiet = L.llama_log_callback(lambda level, text, data: None)
+    L.llama_log_set(quiet, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    mparams = L.llama_model_default_params()
+    mparams.use_extra_bufts = w["extra_bufts"]
+    model = L.llama_model_load_from_file(w["model"].encode(), mparams)
+    p = L.llama_context_default_params()
+    p.n_ctx, p.n_batch = 512, 512
+    p.n_threads = p.n_threads_batch = w["threads"]
+    ctx = L.llama_init_from_model(model, p)
+    prompt = w["hi"]
+    batch = L.llama_batch_init(len(prompt), 0, 1)
+    for i, tok in enumerate(prompt):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, i, 1, i == len(prompt) - 1
+        batch.seq_id[i][0] = 0
+    batch.n_tokens = len(prompt)
+    if L.llama_decode(ctx, batch) != 0:
+        raise RuntimeError("llama_decode failed")
+    vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    token = int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(vocab,)).argmax())
+    return {"token": token}
+
+
+WORKERS = {"engine": engine_worker, "llama.cpp": llamacpp_worker, "hf": hf_worker,
+           "llama.cpp-one-token": llamacpp_one_token}
 
 
 # ---- orchestration -----------------------------------------------------------------------------------------------
-def run_worker(kind: str, spec: dict, threads: int, env_extra: dict | None = None) -> dict:
+def run_worker(kind: str, spec: dict, threads: int, env_extra: dict | None = None, timed: list | None = None) -> dict:
+    """Run a worker in a fresh process; its JSON result. ``timed`` (a list) gets the process's wall seconds."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
     env = dict(os.environ, ENGINE_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads), **(env_extra or {}))
@@ -327,10 +368,27 @@ def run_worker(kind: str, spec: dict, threads: int, env_extra: dict | None = Non
                               text=True, env=env)
     finally:
         os.unlink(f.name)
+    wall = time.perf_counter() - t
+    if timed is not None:
+        timed.append(wall)
     if proc.returncode != 0:
         raise RuntimeError(f"worker {kind} failed:\n{proc.stderr[-3000:]}")
-    print(f"  {kind:9} {env_extra or ''} done in {time.perf_counter() - t:6.1f} s", file=sys.stderr)
+    print(f"  {kind:9} {env_extra or ''} done in {wall:6.1f} s", file=sys.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def startup_worker(kind: str, spec: dict, threads: int, repeat: int, env_extra: dict | None = None) -> dict:
+    """(e) alone: the worker's result from the fresh process with the fastest model load."""
+    runs = [run_worker(kind, dict(spec, startup_only=True), threads, env_extra) for _ in range(repeat)]
+    return min(runs, key=lambda r: r["load_s"])
+
+
+def llamacpp_startup(spec: dict, threads: int, repeat: int) -> float:
+    """(e) for llama.cpp: the best wall time of a fresh process that loads the model and decodes one token."""
+    walls: list[float] = []
+    for _ in range(repeat):
+        run_worker("llama.cpp-one-token", spec, threads, timed=walls)
+    return min(walls)
 
 
 def generate_startup(isa: str, threads: int, repeat: int) -> float:
@@ -397,11 +455,14 @@ def table(res: dict, a) -> str:
          lambda r: get(r, "batch", "output_tok_per_s"), True),
         (f"(d) time to first token, {a.short_in}-token prompt, ms", ms("ttft43_s"), False),
         ("(e) model load, ms", ms("load_s"), False),
-        ("(e) `engine generate --max-tokens 1`, whole command, ms", ms("generate_startup_s"), False),
+        ("(e) whole command to one token (engine: `engine generate --max-tokens 1 Hi`), ms",
+         ms("generate_startup_s"), False),
         ("(f) engine host overhead: % of a decode step outside native kernels",
          lambda r: None if get(r, "host", "host_share") is None else 100 * r["host"]["host_share"], None),
         ("(f) engine native kernels, ms per decode token", lambda r: get(r, "host", "kernel_ms_per_token"), None),
     ]
+    if a.startup_only:
+        rows = [r for r in rows if r[0].startswith("(e)")]
     names = list(engines) + ["llama.cpp"] + (["HF"] if h else [])
     systems = list(engines.values()) + [c] + ([h] if h else [])
     lines = ["| metric | " + " | ".join(names) + " | " + " | ".join(f"{n} / llama.cpp" for n in engines) + " |",
@@ -443,6 +504,7 @@ def main(argv=None) -> int:
     p.add_argument("--activation-quant", default="none,q8", help="comma-separated engine activation_quant values")
     p.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp (no ratios)")
     p.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
+    p.add_argument("--startup-only", action="store_true", help="measure (e), the start-up, alone")
     p.add_argument("--json", help="also write all results to this file")
     a = p.parse_args(argv)
     if a.worker:
@@ -461,8 +523,13 @@ def main(argv=None) -> int:
     rng = random.Random(a.seed)
     lens = [rng.randint(a.batch_in_min, a.batch_in_max) for _ in range(a.batch)]
     chat = b._chat_ids()
+    from engine.core.loader import load_checkpoint
+
+    tok = load_checkpoint(None).tokenizer
+    hi = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True),
+                    add_special_tokens=False)  # what `engine generate Hi` sends
     spec = {"model": b._model_path(), "threads": a.threads, "extra_bufts": a.llamacpp_amx, "repeat": a.repeat,
-            "single_out": a.single_out, "batch_out": a.batch_out, "chat": chat,
+            "single_out": a.single_out, "batch_out": a.batch_out, "chat": chat, "hi": hi,
             "warm": random_prompts(1, 8, vocab, a.seed + 99)[0],
             "long": random_prompts(1, a.long_in, vocab, a.seed + 1)[0],
             "short": random_prompts(1, a.short_in, vocab, a.seed + 2)[0],
@@ -480,14 +547,24 @@ def main(argv=None) -> int:
     for isa in isas:
         startup = generate_startup(isa, a.threads, a.repeat)
         for aq in a.activation_quant.split(","):
-            r = run_worker("engine", dict(spec, activation_quant=aq), a.threads, {"ENGINE_CPU_ISA": isa})
+            env = {"ENGINE_CPU_ISA": isa}
+            r = (startup_worker("engine", dict(spec, activation_quant=aq), a.threads, a.repeat, env)
+                 if a.startup_only else run_worker("engine", dict(spec, activation_quant=aq), a.threads, env))
             r["generate_startup_s"] = startup
             res["engines"][f"engine {isa}" + ("" if aq == "none" else f" {aq}")] = r
-    res["llama.cpp"] = None if a.no_llamacpp else run_worker("llama.cpp", spec, a.threads)
-    if not a.no_hf:
+    if a.no_llamacpp:
+        res["llama.cpp"] = None
+    elif a.startup_only:
+        res["llama.cpp"] = startup_worker("llama.cpp", spec, a.threads, a.repeat)
+    else:
+        res["llama.cpp"] = run_worker("llama.cpp", spec, a.threads)
+    if res["llama.cpp"] is not None:
+        res["llama.cpp"]["generate_startup_s"] = llamacpp_startup(spec, a.threads, a.repeat)
+    if not a.no_hf and not a.startup_only:
         res["hf"] = run_worker("hf", dict(spec, batch=[] if a.no_hf_batch else spec["batch"]), a.threads)
-    res["agree"] = {k: {n: b._agree(e["single_tokens"], res[k]["single_tokens"]) for n, e in res["engines"].items()}
-                    for k in ("llama.cpp", "hf") if res.get(k)}
+    res["agree"] = {} if a.startup_only else {
+        k: {n: b._agree(e["single_tokens"], res[k]["single_tokens"]) for n, e in res["engines"].items()}
+        for k in ("llama.cpp", "hf") if res.get(k)}
     res["total_s"] = time.perf_counter() - t0
     res["loadavg_start"] = load0
     c = res["llama.cpp"] or {"version": "(not run)", "system_info": "-"}

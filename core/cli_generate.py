@@ -44,8 +44,12 @@ def load_llm(args, **kwargs):
         raise ValueError(f"--dtype {args.dtype}: platform {platform.name!r} has fast kernels for {names} only; "
                          f"{args.dtype} would run every op on its plain-torch reference. Use --dtype "
                          f"{names.split(',')[0]}")
-    return LLM(args.model, platform=platform, dtype=args.dtype, activation_quant=args.activation_quant,
-               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, **kwargs)
+    llm = LLM(args.model, platform=platform, dtype=args.dtype, activation_quant=args.activation_quant,
+              gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, **kwargs)
+    from engine.core.cli import resume_gc
+
+    resume_gc()  # start-up is over (see cli.main)
+    return llm
 
 
 def add_arguments(p) -> None:

@@ -8,6 +8,14 @@ means the entire prefix up to that block is identical (a collision would need a 
 
 Blocks nobody references but that are still registered stay cached and count as free: allocation takes
 never-registered free blocks first and otherwise evicts the least recently used cached block.
+
+Past the last whole-block hit, a sequence may also take over one such unreferenced cached block whose leading
+tokens match its own next ones (a partial hit, token-granular like llama.cpp's prompt cache and SGLang's radix
+cache, where vLLM stops at whole blocks): the matching positions count as computed, the block leaves the cache
+(this sequence overwrites its later positions), and nothing is copied. So a prompt repeated after its request
+finished recomputes one token, not its whole last block. A block another sequence still references is never
+taken (its tail would need a copy), and a sequence that ends before refilling the block it took leaves that prefix
+uncached.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from array import array
 from collections import OrderedDict, deque
 
 from .sequence import Sequence
+
+_PARTIAL_CANDIDATES = 32  # cached blocks (most recent first) examined for a partial hit: bounds allocate's cost
 
 
 class BlockManager:
@@ -39,6 +49,10 @@ class BlockManager:
         self._cached: dict[bytes, int] = {}  # chained block hash -> block id
         self._free: deque[int] = deque(range(num_blocks))  # unreferenced and unregistered
         self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced but registered, oldest first
+        # Registered blocks by their parent's chained hash (b"" for a first block), with their tokens: where a
+        # partial hit is looked up.
+        self._children: dict[bytes, dict[int, tuple[int, ...]]] = {}
+        self._parent: dict[int, bytes] = {}
 
     # ---- accounting -------------------------------------------------------------------------------------
     @property
@@ -80,25 +94,35 @@ class BlockManager:
     def allocate(self, seq: Sequence, max_new_tokens: int | None = None) -> bool:
         """Give a sequence that holds no blocks its prefix-cache hits plus blocks for the tokens to compute now.
 
-        Hits are whole blocks, capped so that at least one token is left to compute (the runner needs the
-        last token's logits). Sets ``num_computed_tokens`` and ``num_cached_tokens`` to the hit tokens. The
-        tokens to compute now are the rest of the sequence, or at most ``max_new_tokens`` of it. Returns
-        False, changing nothing, when the free blocks do not suffice.
+        Hits are whole blocks, then possibly one partial block (see the module docstring), capped so that at
+        least one token is left to compute (the runner needs the last token's logits). Sets
+        ``num_computed_tokens`` and ``num_cached_tokens`` to the hit tokens. The tokens to compute now are the
+        rest of the sequence, or at most ``max_new_tokens`` of it. Returns False, changing nothing, when the
+        free blocks do not suffice.
         """
         if seq.block_table:
             raise ValueError(f"allocate: {seq} already holds blocks; free it first")
         hits = self._lookup(seq)
         computed = len(hits) * self.block_size
+        partial, matched = self._partial_hit(seq, len(hits))
+        computed += matched
         n = len(seq) - computed if max_new_tokens is None else min(max_new_tokens, len(seq) - computed)
-        num_new = self.blocks_needed(seq, computed + n) - len(hits)
-        num_revived = sum(1 for b in hits if self._ref[b] == 0)  # evictable hits leave the free pool too
+        num_new = self.blocks_needed(seq, computed + n) - len(hits) - (partial is not None)
+        # Evictable hits leave the free pool too (a partial hit is always one).
+        num_revived = sum(1 for b in hits if self._ref[b] == 0) + (partial is not None)
         if num_new + num_revived > self.num_free_blocks:
             return False
         for b in hits:
             if self._ref[b] == 0:
                 del self._evictable[b]
             self._ref[b] += 1
-        seq.block_table = hits + [self._take_free() for _ in range(num_new)]
+        taken = []
+        if partial is not None:
+            del self._evictable[partial]
+            self._unregister(partial)
+            self._ref[partial] = 1
+            taken.append(partial)
+        seq.block_table = hits + taken + [self._take_free() for _ in range(num_new)]
         seq.num_computed_tokens = seq.num_cached_tokens = computed
         seq.num_hashed_blocks = len(hits)
         seq.num_draft_computed_tokens = 0  # a draft model's cache may not hold the hit blocks: it recomputes them
@@ -121,6 +145,7 @@ class BlockManager:
         if num_full <= seq.num_hashed_blocks:
             return
         self._hash_blocks(seq, num_full)
+        bs, tokens = self.block_size, None
         for i in range(seq.num_hashed_blocks, num_full):
             h, b = seq.block_hashes[i], seq.block_table[i]
             # Another sequence may have computed the same content concurrently; its block stays the cached
@@ -128,6 +153,10 @@ class BlockManager:
             if h not in self._cached and self._hash[b] is None:
                 self._cached[h] = b
                 self._hash[b] = h
+                parent = seq.block_hashes[i - 1] if i else b""
+                tokens = seq.token_ids if tokens is None else tokens
+                self._children.setdefault(parent, {})[b] = tuple(tokens[i * bs:(i + 1) * bs])
+                self._parent[b] = parent
         seq.num_hashed_blocks = num_full
 
     def free(self, seq: Sequence) -> None:
@@ -167,10 +196,48 @@ class BlockManager:
             b = self._free.popleft()
         else:
             b, _ = self._evictable.popitem(last=False)
-            del self._cached[self._hash[b]]
-            self._hash[b] = None
+            self._unregister(b)
         self._ref[b] = 1
         return b
+
+    def _unregister(self, b: int) -> None:
+        """Take block ``b`` out of the prefix cache (its K/V is about to be overwritten)."""
+        del self._cached[self._hash[b]]
+        self._hash[b] = None
+        parent = self._parent.pop(b)
+        siblings = self._children[parent]
+        del siblings[b]
+        if not siblings:
+            del self._children[parent]
+
+    def _partial_hit(self, seq: Sequence, num_hits: int) -> tuple[int | None, int]:
+        """An unreferenced cached block that continues ``seq``'s ``num_hits`` whole-block hits and shares the
+        most leading tokens with ``seq``'s next ones (at least one, and one token left to compute), and how many
+        it shares; (None, 0) if there is none."""
+        if not self.enable_prefix_caching:
+            return None, 0
+        start = num_hits * self.block_size
+        want = seq.token_ids[start:len(seq) - 1][:self.block_size - 1]
+        siblings = self._children.get(seq.block_hashes[num_hits - 1] if num_hits else b"")
+        if not want or not siblings:
+            return None, 0
+        best, best_n = None, 0
+        for i, b in enumerate(reversed(siblings)):  # most recently registered first
+            if i == _PARTIAL_CANDIDATES:
+                break
+            if self._ref[b]:
+                continue
+            have = siblings[b]
+            n = 0
+            for x, y in zip(want, have, strict=False):
+                if x != y:
+                    break
+                n += 1
+            if n > best_n:
+                best, best_n = b, n
+                if n == len(want):
+                    break
+        return best, best_n
 
     def _lookup(self, seq: Sequence) -> list[int]:
         if not self.enable_prefix_caching:

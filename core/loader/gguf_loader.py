@@ -101,29 +101,36 @@ def _rope_scaling(reader, arch: str) -> dict | None:
     return out
 
 
-def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row permutation (transformers' reverse_permute) on rows of ``w`` (any trailing dims)."""
-    rows = w.shape[0]
+def unpermute_order(rows: int, n_heads: int) -> np.ndarray:
+    """The row order that undoes llama.cpp's q/k row permutation (transformers' reverse_permute): row i of the
+    HF tensor is row order[i] of the GGUF one."""
     if rows % (2 * n_heads):
         raise ModelLoadError(f"a q/k tensor of {rows} rows cannot be split into {n_heads} heads of rotary pairs")
-    order = torch.arange(rows).reshape(n_heads, rows // n_heads // 2, 2).transpose(1, 2).reshape(-1)
-    return w.index_select(0, order)  # a row gather: much cheaper than a strided copy of uint8 blocks
+    return np.arange(rows).reshape(n_heads, rows // n_heads // 2, 2).transpose(0, 2, 1).reshape(-1)
 
 
-def _tensor(t, dtype: torch.dtype, dequantize: bool) -> Weight:
-    import gguf
+def _host(data: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    """A mapped tensor's array as it is (no copy: its pages are read from the file when first used, as llama.cpp
+    does), or a copy with its rows gathered in ``order``."""
+    return data if order is None else np.take(data, order, axis=0)
 
+
+def _tensor(t, dtype: torch.dtype, dequantize: bool, order: np.ndarray | None) -> Weight:
+    """One tensor as a Weight; ``order`` (or None) reorders its rows (see unpermute_order)."""
     qtype = int(t.tensor_type)
-    shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
+    shape = tuple(reversed(t.shape))  # GGUF lists dims innermost first
     if qtype in (F32, F16):
-        return torch.from_numpy(np.array(t.data)).reshape(shape).to(dtype)
+        return torch.from_numpy(_host(t.data, order)).reshape(shape).to(dtype)
     if qtype == BF16:
-        return torch.from_numpy(np.array(t.data)).view(torch.bfloat16).reshape(shape).to(dtype)
+        return torch.from_numpy(_host(t.data, order)).view(torch.bfloat16).reshape(shape).to(dtype)
     if qtype in KEEP_QUANTIZED and len(shape) == 2 and not dequantize:
-        raw = torch.from_numpy(np.array(t.data, dtype=np.uint8)).reshape(shape[0], -1)
+        raw = torch.from_numpy(_host(t.data, order)).reshape(shape[0], -1)
         return QuantizedWeight(raw=raw, qtype=qtype, rows=shape[0], cols=shape[1])
+    import gguf  # the other quantization types, and any type when dequantizing
+
     values = gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType(qtype))
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape).to(dtype)
+    values = np.ascontiguousarray(values if order is None else values[order], dtype=np.float32)
+    return torch.from_numpy(values).reshape(shape).to(dtype)
 
 
 def gguf_weights(reader, config: ModelConfig, dtype: torch.dtype, dequantize: bool) -> dict[str, Weight]:
@@ -133,14 +140,11 @@ def gguf_weights(reader, config: ModelConfig, dtype: torch.dtype, dequantize: bo
         name = hf_name(t.name)
         if name is None:
             continue
-        w = _tensor(t, dtype, dequantize)
+        order = None
         if config.arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
             heads = config.num_heads if ".attn_q." in t.name else config.num_kv_heads
-            if isinstance(w, QuantizedWeight):
-                w = QuantizedWeight(unpermute_rows(w.raw, heads), w.qtype, w.rows, w.cols)
-            else:
-                w = unpermute_rows(w, heads)
-        weights[name] = w
+            order = unpermute_order(t.shape[-1], heads)
+        weights[name] = _tensor(t, dtype, dequantize, order)
     return weights
 
 

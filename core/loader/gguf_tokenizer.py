@@ -69,15 +69,16 @@ def _byte_level(tokens: list[str], merges: list[str], pre: str) -> tuple[RawToke
                              "Use the model's HF directory (with tokenizer.json) instead.")
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
-    # A token written outside the byte alphabet (some converters store plain text) is re-spelled into it.
-    spelled = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
-    vocab = {t: i for i, t in enumerate(spelled)}
-    pairs = []
-    for m in merges:
-        a, sep, b = m.partition(" ")
-        if not sep:
-            raise ModelLoadError(f"GGUF merge {m!r} is not of the form 'left right'; the file is corrupted")
-        pairs.append((a, b))
+    # A token written outside the byte alphabet (some converters store plain text) is re-spelled into it; one
+    # pass over all the text first, since in the usual file every token is already in the alphabet.
+    in_alphabet = [True] * len(tokens) if set("".join(tokens)) <= alphabet else [set(t) <= alphabet for t in tokens]
+    spelled = [t if ok else "".join(spelling[b] for b in t.encode("utf-8"))
+               for t, ok in zip(tokens, in_alphabet, strict=True)]
+    vocab = dict(zip(spelled, range(len(spelled)), strict=True))
+    pairs = [(a, b) for a, sep, b in map(str.partition, merges, [" "] * len(merges)) if sep]
+    if len(pairs) != len(merges):
+        bad = next(m for m in merges if " " not in m)
+        raise ModelLoadError(f"GGUF merge {bad!r} is not of the form 'left right'; the file is corrupted")
     raw = RawTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=pre in _IGNORE_MERGES))
     regexes, gpt2_regex = _PRE[pre]
     steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
@@ -85,8 +86,7 @@ def _byte_level(tokens: list[str], merges: list[str], pre: str) -> tuple[RawToke
     raw.pre_tokenizer = pre_tokenizers.Sequence(steps)
     raw.decoder = decoders.ByteLevel()
     # A control token outside the byte alphabet is a mislabel; making it special would add an id.
-    special_ok = [set(t) <= alphabet for t in tokens]
-    return raw, [s if ok else "" for s, ok in zip(spelled, special_ok, strict=True)]
+    return raw, [s if ok else "" for s, ok in zip(spelled, in_alphabet, strict=True)]
 
 
 def _sentencepiece(tokens: list[str], merges: list[str] | None, scores: list[float] | None,
@@ -159,12 +159,12 @@ def gguf_tokenizer(reader, path: str) -> Tokenizer:
     else:
         raise ModelLoadError(f"GGUF tokenizer kind {kind!r} is not supported; supported: 'gpt2' (byte-level BPE) "
                              "and 'llama' (sentencepiece BPE). Use the model's HF directory instead.")
-    control = [AddedToken(s, special=True, normalized=False)
-               for s, t in zip(spelled, types, strict=True) if t == CONTROL and s]
-    raw.add_special_tokens(control)
-    vocab = raw.get_vocab(with_added_tokens=False)
-    raw.add_tokens([AddedToken(s, special=False, normalized=False)
-                    for s, t in zip(spelled, types, strict=True) if t == USER_DEFINED and s in vocab])
+    control_ids = [i for i, t in enumerate(types) if t == CONTROL]
+    raw.add_special_tokens([AddedToken(spelled[i], special=True, normalized=False) for i in control_ids if spelled[i]])
+    if USER_DEFINED in types:
+        vocab = raw.get_vocab(with_added_tokens=False)
+        raw.add_tokens([AddedToken(s, special=False, normalized=False)
+                        for s, t in zip(spelled, types, strict=True) if t == USER_DEFINED and s in vocab])
 
     add_bos = field(reader, "tokenizer.ggml.add_bos_token", add_bos_default) and bos_id is not None
     add_eos = field(reader, "tokenizer.ggml.add_eos_token", False) and eos_id is not None
@@ -175,8 +175,7 @@ def gguf_tokenizer(reader, path: str) -> Tokenizer:
     eos_ids = {i for i in (eos_id, field(reader, "tokenizer.ggml.eot_token_id"),
                            field(reader, "tokenizer.ggml.eom_token_id")) if i is not None and 0 <= i < len(tokens)}
     if template:
-        eos_ids |= {i for i, (tok, t) in enumerate(zip(tokens, types, strict=True))
-                    if t == CONTROL and tok in _END_OF_TURN and tok in template}
+        eos_ids |= {i for i in control_ids if tokens[i] in _END_OF_TURN and tokens[i] in template}
     names = {"bos_token": bos_id, "eos_token": eos_id, "unk_token": unk_id, "pad_token": pad_id}
     specials = {k: tokens[i] if i is not None else None for k, i in names.items()}
     return Tokenizer(raw, bos_token_id=bos_id, eos_token_ids=eos_ids, chat_template=template or None,

@@ -9,10 +9,13 @@ from engine.core.engine.outputs import Logprob
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+to_json = _ENCODER.encode  # compact JSON text (one encoder: json.dumps would build one per call with these options)
+
+
 def sse(obj) -> str:
     """One server-sent event carrying ``obj`` as JSON (or the literal ``[DONE]``)."""
-    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {data}\n\n"
+    return f"data: {obj if isinstance(obj, str) else to_json(obj)}\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:

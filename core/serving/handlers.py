@@ -11,8 +11,9 @@ from fastapi.responses import JSONResponse
 from engine.core.engine.async_llm import AsyncLLM
 from engine.core.engine.outputs import RequestOutput, StepUpdate
 
-from .formatting import FINISH_REASONS, chat_logprobs, completion_logprobs, sse, usage
+from .formatting import FINISH_REASONS, chat_logprobs, completion_logprobs, sse, to_json, usage
 from .grammar import GrammarCompiler, GrammarError
+from .logit_bias import LogitBias
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest
 
@@ -70,10 +71,16 @@ class Handler:
                                        f"model's context of {ctx}; ask for at most {ctx - len(ids)}",
                                   param="max_tokens", code="context_length_exceeded")
         grammar = self._grammar_processor(req.response_format)
+        bias = None
+        if req.logit_bias:
+            try:
+                bias = LogitBias(req.logit_bias, self.llm.config.vocab_size)
+            except ValueError as exc:
+                raise OpenAIError(400, str(exc), param="logit_bias") from exc
         params = []
         for ids in prompts:
             try:
-                procs = [grammar.clone()] if grammar is not None else []
+                procs = ([bias] if bias is not None else []) + ([grammar.clone()] if grammar is not None else [])
                 params.append(req.sampling_params(max_tokens or ctx - len(ids), k, procs))
             except ValueError as exc:
                 raise OpenAIError(400, str(exc).removeprefix("invalid SamplingParams: ")) from exc
@@ -181,47 +188,71 @@ class Job:
         return {**self._head(self.kind), "choices": choices, "usage": self._usage(finals)}
 
     # ---- streams -----------------------------------------------------------------------------------------
-    async def events(self):
-        """Server-sent events: chunks as tokens arrive, then a usage chunk if asked, then [DONE]."""
+    async def _updates(self):
+        """``(i, update)`` from every engine stream in arrival order; ``(i, exc)`` if the engine failed.
+
+        One stream (the usual case) is iterated in place: each update reaches the response in the same task that
+        the engine thread's hand-off wakes, with no task or queue in between."""
+        if len(self.streams) == 1:
+            stream = self.streams[0]
+            try:
+                async for u in stream:
+                    yield 0, u
+            except Exception as exc:  # the engine failed: the client gets an error event
+                yield 0, exc
+            finally:
+                await stream.aclose()  # now, not when collected: a stream left early aborts its request
+            return
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(i, stream):
             try:
                 async for u in stream:
                     queue.put_nowait((i, u))
-            except Exception as exc:  # the engine failed: the client gets an error event
+            except Exception as exc:
                 queue.put_nowait((i, exc))
             finally:
                 queue.put_nowait((i, None))
 
         tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(self.streams)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                i, u = await queue.get()
+                if u is None:
+                    remaining -= 1
+                else:
+                    yield i, u
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def events(self):
+        """Server-sent events: chunks as tokens arrive, then a usage chunk if asked, then [DONE]."""
         chat = self.kind == "chat.completion"
         obj = "chat.completion.chunk" if chat else "text_completion"
+        # Every chunk starts with the same fields: encode them once (the key order of the dict form is kept).
+        head = sse(self._head(obj))[:-3] + ',"choices":['
+        updates = self._updates()
         try:
             if chat:
                 for idx in range(len(self.streams) * self.n):
                     yield sse({**self._head(obj), "choices": [
                         {"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None}]})
-            remaining = len(tasks)
-            while remaining:
-                i, u = await queue.get()
-                if u is None:
-                    remaining -= 1
-                    continue
+            async for i, u in updates:
                 if isinstance(u, Exception):
                     yield sse(OpenAIError(503, str(u), "server_error").body())
                     break
                 self._track(i, u)
                 chunk = self._chunk(i, u, chat)
                 if chunk is not None:
-                    yield sse({**self._head(obj), "choices": [chunk]})
+                    yield f"{head}{to_json(chunk)}]}}\n\n"
             if self.include_usage:
                 yield sse({**self._head(obj), "choices": [], "usage": self._usage()})
             yield sse("[DONE]")
         finally:
-            for t in tasks:
-                t.cancel()
+            await updates.aclose()
             self.abort()
 
     def _chunk(self, i: int, u: StepUpdate, chat: bool) -> dict | None:

@@ -47,6 +47,7 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
 
     @field_validator("stop")

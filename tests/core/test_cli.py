@@ -140,3 +140,28 @@ def test_default_sampling_gives_sensible_answers():
     assert sum(o.finish_reason == "stop" for o in haikus) >= len(seeds) - 1, [o.text for o in haikus]
     # The model itself hesitates on the first token ("The" vs "L'..."): most answers, not all, name Paris.
     assert sum("Paris" in o.text for o in capitals) > len(seeds) // 2, [o.text for o in capitals]
+
+
+_GC_PROBE = """
+import gc, sys
+from engine.core import cli, plugins
+seen, activate = [], plugins.activate
+plugins.activate = lambda *a, **k: seen.append(gc.isenabled()) or activate(*a, **k)
+frozen = gc.get_freeze_count()
+sys.argv = ["engine", "generate", "--max-tokens", "1", "--no-chat", "Hi"]
+rc = cli.main()
+print("RESULT", rc, seen[0], gc.isenabled(), gc.get_freeze_count() > frozen, file=sys.stderr)
+"""
+
+
+def test_command_line_start_up_runs_without_the_collector_and_resumes_it():
+    """A command-line run loads with the collector off, then freezes what start-up left and turns it back on;
+    an in-process call (argv given) leaves the caller's collector alone."""
+    proc = subprocess.run([sys.executable, "-c", _GC_PROBE], capture_output=True, text=True, cwd=REPO, env=_env(),
+                          timeout=300)
+    assert "RESULT 0 False True True" in proc.stderr, proc.stderr[-2000:]
+    import gc
+
+    frozen = gc.get_freeze_count()
+    assert cli.main(["doctor", "--json"]) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == frozen

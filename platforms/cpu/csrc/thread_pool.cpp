@@ -1,13 +1,15 @@
-// Persistent pool: workers spin briefly on a generation counter (a decode step issues hundreds of
-// short kernels, and a condition-variable wake-up per kernel would cost more than the kernel), then
-// sleep on a condition variable when idle. Chunks are claimed, not assigned: the caller runs every
-// chunk no worker has claimed, so it never waits for a worker that has not started.
+// Persistent pool: workers poll a generation counter for kSpin after their last chunk (a decode step
+// issues hundreds of short kernels with Python in between, and a worker asleep when a kernel starts wakes
+// too late to help with it), then sleep on a condition variable, so an idle engine burns no CPU. Chunks
+// are claimed, not assigned: the caller runs every chunk no worker has claimed, so it never waits for a
+// worker that has not started.
 #include "thread_pool.h"
 
 #include <sched.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <memory>
@@ -19,6 +21,22 @@
 
 namespace engine_cpu {
 namespace {
+
+// How long an idle worker polls for the next run before it sleeps. Long enough to bridge the gaps between
+// the kernels of one decode step (the Python between two linears, an attention call: tens of microseconds;
+// measured in issue 11, a worker that slept after 20000 bare polls, ~10-20 us, helped with almost none of a
+// step's GEMVs), short enough that a finished step leaves the core within a fraction of a millisecond.
+constexpr std::chrono::microseconds kSpin{100};
+
+// Tells the core this is a spin-wait: the sibling hyperthread gets the pipeline, and leaving the loop does
+// not cost a memory-order mis-speculation flush.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 int default_threads() {
   if (const char* env = std::getenv("ENGINE_NUM_THREADS")) {
@@ -108,9 +126,16 @@ class Pool {
     in_parallel_ = true;
     for (;;) {
       uint64_t g = seen;
-      for (int spin = 0; spin < 20000 && (g = generation_.load(std::memory_order_acquire)) == seen; ++spin) {
-        if (quit_.load(std::memory_order_relaxed)) return;
+      const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+      while ((g = generation_.load(std::memory_order_acquire)) == seen) {
+        for (int i = 0; i < 32 && (g = generation_.load(std::memory_order_acquire)) == seen; ++i) cpu_relax();
+        if (g != seen || quit_.load(std::memory_order_relaxed) || std::chrono::steady_clock::now() >= spin_until)
+          break;
+        // On a host with more runnable threads than cores, a poll that never yields takes its core from them,
+        // and the scheduler charges that time to this process: its own calling thread then waits for a core.
+        sched_yield();
       }
+      if (quit_.load(std::memory_order_relaxed)) return;
       if (g == seen) {
         std::unique_lock<std::mutex> lk(mutex_);
         cv_.wait(lk, [&] { return quit_.load() || generation_.load() != seen; });

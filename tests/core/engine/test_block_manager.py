@@ -85,6 +85,52 @@ def test_full_hit_leaves_last_token_to_compute(extra):
     assert all(bm.ref_count(x) == 1 for x in b.block_table[expected_hits:])
 
 
+def test_partial_hit_takes_over_a_finished_sequences_block():
+    """A prompt shorter than a block, repeated after its request finished: all but its last token hit."""
+    bs = 16
+    bm = BlockManager(8, bs)
+    prompt = _rand_tokens(15)
+    a = _seq(prompt)
+    assert bm.allocate(a) and a.num_cached_tokens == 0
+    _compute(bm, a)
+    a.output_token_ids.append(7)  # the first generated token fills the block, which gets registered
+    _compute(bm, a)
+    block = a.block_table[0]
+    assert bm.num_cached_blocks == 1
+    bm.free(a)
+    b = _seq(prompt)
+    assert bm.allocate(b)
+    assert b.block_table == [block] and b.num_computed_tokens == b.num_cached_tokens == 14
+    assert bm.num_cached_blocks == 0 and bm.ref_count(block) == 1  # taken out of the cache: b overwrites it
+    # A prompt sharing only some leading tokens with the (re-registered) block gets just those.
+    b.output_token_ids.append(9)
+    _compute(bm, b)
+    bm.free(b)
+    c = _seq(prompt[:5] + [t + 1000 for t in prompt[5:]])
+    assert bm.allocate(c) and c.block_table == [block] and c.num_cached_tokens == 5
+    bm.free(c)
+    assert bm.num_free_blocks == 8
+
+
+def test_partial_hit_never_takes_a_referenced_block_and_follows_whole_hits():
+    bs = 4
+    bm = BlockManager(16, bs)
+    tokens = _rand_tokens(3 * bs)
+    a = _seq(tokens)
+    bm.allocate(a)
+    _compute(bm, a)
+    b = _seq(tokens[:2 * bs + 2] + [5000])  # 2 whole hits, then 2 tokens matching a's referenced third block
+    assert bm.allocate(b) and b.num_cached_tokens == 2 * bs and b.block_table[2] != a.block_table[2]
+    third = a.block_table[2]
+    bm.free(b)
+    bm.free(a)
+    c = _seq(tokens[:2 * bs + 2] + [5000])
+    assert bm.allocate(c) and c.num_cached_tokens == 2 * bs + 2 and c.block_table[2] == third
+    assert [bm.ref_count(x) for x in c.block_table] == [1, 1, 1]
+    bm.free(c)
+    assert bm.num_free_blocks == 16
+
+
 def test_allocate_fails_without_side_effects_and_chunks():
     bs = 4
     bm = BlockManager(3, bs)
@@ -210,15 +256,15 @@ def test_concurrent_identical_prompts_register_once_and_do_not_leak():
 
 
 def test_random_workload_serves_only_correct_kv():
-    """Simulate a KV cache holding token ids: every cache hit must hold exactly the sequence's own tokens,
-    under sharing, chunked computation, frees and evictions; at the end nothing leaks."""
+    """Simulate a KV cache holding token ids: every cache hit (whole-block or partial) must hold exactly the
+    sequence's own tokens, under sharing, chunked computation, frees and evictions; at the end nothing leaks."""
     bs = random.choice([1, 2, 4])
     nblocks = random.randint(8, 24)
     bm = BlockManager(nblocks, bs)
     kv = [None] * (nblocks * bs)
     stems = [_rand_tokens(random.randint(1, 3 * bs), vocab=4) for _ in range(3)]
     live: list[Sequence] = []
-    hits = 0
+    hits = partial_hits = 0
     for _ in range(400):
         if live and random.random() < 0.4:
             s = live.pop(random.randrange(len(live)))
@@ -228,6 +274,7 @@ def test_random_workload_serves_only_correct_kv():
         if not bm.allocate(s, max_new_tokens=random.randint(1, 2 * bs)):
             continue
         hits += s.num_cached_tokens > 0
+        partial_hits += s.num_cached_tokens % bs != 0
         assert [kv[bm.slot(s, p)] for p in range(s.num_computed_tokens)] == s.token_ids[:s.num_computed_tokens]
         while s.num_computed_tokens < len(s):  # compute in chunks, growing the table as needed
             n = min(random.randint(1, 2 * bs), len(s) - s.num_computed_tokens)
@@ -241,7 +288,28 @@ def test_random_workload_serves_only_correct_kv():
         refs = [x for t in live for x in t.block_table]
         assert all(bm.ref_count(b) == refs.count(b) for b in range(nblocks))
         assert bm.num_free_blocks == nblocks - len(set(refs))
-    assert hits > 0
+    assert hits > 0 and (partial_hits > 0 or bs == 1)
     for s in live:
         bm.free(s)
     assert bm.num_free_blocks == nblocks and bm.usage == 0.0
+
+
+def test_partial_hits_through_the_engine_keep_greedy_output():
+    """A prompt shorter than a block, asked again: the real model reuses all but its last token's K/V (taken over
+    from the finished request's block) and generates the same tokens as without any cache; so does a prompt
+    sharing only some leading tokens with it."""
+    from engine.core.engine.llm import LLM
+
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)  # fills (and registers) the block
+    prompts = ["The quick brown fox jumps over", "The quick brown fox sat under"]
+    fresh = LLM(kv_cache_bytes=16 << 20, enable_prefix_caching=False).generate(prompts, params)
+    llm = LLM(kv_cache_bytes=16 << 20)
+    n = len(fresh[0].prompt_token_ids)
+    assert 2 <= n < llm.block_manager.block_size
+    first = llm.generate(prompts[0], params)[0]
+    again = llm.generate(prompts[0], params)[0]
+    other = llm.generate(prompts[1], params)[0]
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == n - 1
+    assert 1 <= other.num_cached_tokens < len(other.prompt_token_ids) - 1
+    assert first.outputs[0].token_ids == again.outputs[0].token_ids == fresh[0].outputs[0].token_ids
+    assert other.outputs[0].token_ids == fresh[1].outputs[0].token_ids

@@ -270,7 +270,7 @@ def test_prefix_cache_hits_through_the_scheduler():
     later = [Sequence(system + _prompt(random.randint(1, 6)), SamplingParams(max_tokens=4)) for _ in range(3)]
     run(sched, later, runner=runner)
     for s in later:
-        assert s.num_cached_tokens == 5 * bs
+        assert 5 * bs <= s.num_cached_tokens < len(s)  # the system prompt, plus any partial hit past it
         assert (s.output_token_ids, s.finish_reason) == reference(s.prompt_token_ids, s.params, 10**9, set())
 
 

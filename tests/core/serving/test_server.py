@@ -115,6 +115,19 @@ def test_json_schema_output_parses_and_validates(served, client):
         assert r.choices[0].message.content.startswith("{")
 
 
+def test_logit_bias_forces_and_forbids_tokens(served, client):
+    _, engine, ref = served
+    tok = engine.llm.tokenizer
+    forced = tok.encode(" banana", add_special_tokens=False)[0]
+    r = client.completions.create(model=MODEL, prompt=ref["prompts"][0], temperature=0, max_tokens=3,
+                                  logit_bias={str(forced): 100})
+    assert r.choices[0].text == tok.decode([forced] * 3)
+    greedy = tok.encode(ref["texts"][0], add_special_tokens=False)[0]  # the unbiased greedy first token
+    r = client.completions.create(model=MODEL, prompt=ref["prompts"][0], temperature=0, max_tokens=1,
+                                  logit_bias={str(greedy): -100})
+    assert r.choices[0].text and tok.encode(r.choices[0].text, add_special_tokens=False)[0] != greedy
+
+
 def _body(**kw):
     return json.dumps({"model": MODEL, **kw}).encode()
 
@@ -138,6 +151,9 @@ BAD = [
     ("/v1/chat/completions", _body(messages=QUESTION, response_format={
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}), 400, None),
     ("/v1/chat/completions", _body(messages=QUESTION, temperature=-1), 400, "temperature"),
+    ("/v1/completions", _body(prompt="hi", logit_bias={"ten": 1}), 400, "logit_bias"),
+    ("/v1/completions", _body(prompt="hi", logit_bias={"10": 101}), 400, "logit_bias"),
+    ("/v1/completions", _body(prompt="hi", logit_bias={str(10**7): 1}), 400, "logit_bias"),
     ("/v1/chat/completions", b"[1, 2]", 400, None),
 ]
 
