@@ -165,12 +165,7 @@ class BlockManager:
         Blocks are released last-first so that, among them, a sequence's tail is evicted before its prefix.
         """
         for b in reversed(seq.block_table):
-            self._ref[b] -= 1
-            if self._ref[b] == 0:
-                if self._hash[b] is not None:
-                    self._evictable[b] = None
-                else:
-                    self._free.append(b)
+            self._release(b)
         seq.block_table = []
         seq.num_hashed_blocks = 0
         seq.num_draft_computed_tokens = 0
@@ -182,15 +177,18 @@ class BlockManager:
         if keep < seq.num_hashed_blocks:
             raise ValueError(f"trim: {seq} would drop blocks registered in the prefix cache (keep {keep})")
         while len(seq.block_table) > keep:
-            b = seq.block_table.pop()
-            self._ref[b] -= 1
-            if self._ref[b] == 0:
-                if self._hash[b] is not None:
-                    self._evictable[b] = None
-                else:
-                    self._free.append(b)
+            self._release(seq.block_table.pop())
 
     # ---- internals --------------------------------------------------------------------------------------
+    def _release(self, b: int) -> None:
+        """Drop one reference to block b; unreferenced, it stays cached (evictable) if registered, else is free."""
+        self._ref[b] -= 1
+        if self._ref[b] == 0:
+            if self._hash[b] is not None:
+                self._evictable[b] = None
+            else:
+                self._free.append(b)
+
     def _take_free(self) -> int:
         if self._free:
             b = self._free.popleft()
