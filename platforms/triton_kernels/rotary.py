@@ -56,17 +56,24 @@ def _rotate_heads(x_ptr, y_ptr, H, s_h, s_d, cos, sin, HD: tl.constexpr, ROT: tl
 
 
 @triton.jit
-def _rotary_kernel(pos_ptr, q_ptr, k_ptr, qo_ptr, ko_ptr, cs_ptr, HQ, HK,
-                   s_pos, s_qt, s_qh, s_qd, s_kt, s_kh, s_kd, s_cp, s_cr,
-                   HD: tl.constexpr, ROT: tl.constexpr, NEOX: tl.constexpr,
-                   BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, EMULATE: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def _cos_sin_row(pos_ptr, cs_ptr, t, s_pos, s_cp, s_cr, ROT: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Token t's cos and sin halves of its position's cache row, as fp32 [BLOCK_R] (zero past ROT / 2)."""
     pos = tl.load(pos_ptr + t * s_pos)
     j = tl.arange(0, BLOCK_R)
     mj = j < ROT // 2
     cs_row = cs_ptr + pos * s_cp
     cos = tl.load(cs_row + j * s_cr, mask=mj, other=0.0).to(tl.float32)
     sin = tl.load(cs_row + (j + ROT // 2) * s_cr, mask=mj, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
+def _rotary_kernel(pos_ptr, q_ptr, k_ptr, qo_ptr, ko_ptr, cs_ptr, HQ, HK,
+                   s_pos, s_qt, s_qh, s_qd, s_kt, s_kh, s_kd, s_cp, s_cr,
+                   HD: tl.constexpr, ROT: tl.constexpr, NEOX: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, EMULATE: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cos, sin = _cos_sin_row(pos_ptr, cs_ptr, t, s_pos, s_cp, s_cr, ROT, BLOCK_R)
     if tl.program_id(1) == 0:
         _rotate_heads(q_ptr + t * s_qt, qo_ptr + t * (HQ * HD), HQ, s_qh, s_qd, cos, sin,
                       HD, ROT, NEOX, BLOCK_H, BLOCK_R, BLOCK_T, EMULATE)
@@ -84,12 +91,7 @@ def _rotary_write_kv_kernel(pos_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr
     """_rotary_kernel with program (t, 1) storing the rotated k, and copying v, straight into cache slot
     slot_mapping[t] (contiguous [Hk, D] per slot); a negative slot masks every store of that program."""
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t * s_pos)
-    j = tl.arange(0, BLOCK_R)
-    mj = j < ROT // 2
-    cs_row = cs_ptr + pos * s_cp
-    cos = tl.load(cs_row + j * s_cr, mask=mj, other=0.0).to(tl.float32)
-    sin = tl.load(cs_row + (j + ROT // 2) * s_cr, mask=mj, other=0.0).to(tl.float32)
+    cos, sin = _cos_sin_row(pos_ptr, cs_ptr, t, s_pos, s_cp, s_cr, ROT, BLOCK_R)
     if tl.program_id(1) == 0:
         _rotate_heads(q_ptr + t * s_qt, qo_ptr + t * (HQ * HD), HQ, s_qh, s_qd, cos, sin,
                       HD, ROT, NEOX, BLOCK_H, BLOCK_R, BLOCK_T, EMULATE)
