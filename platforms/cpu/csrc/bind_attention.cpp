@@ -15,13 +15,6 @@ using namespace engine_cpu;
 
 namespace {
 
-DType attn_dtype(int code) {
-  if (code != static_cast<int>(DType::F32) && code != static_cast<int>(DType::BF16) &&
-      code != static_cast<int>(DType::F16))
-    throw std::invalid_argument("dtype code must be 0 (fp32), 1 (bf16) or 2 (fp16), got " + std::to_string(code));
-  return static_cast<DType>(code);
-}
-
 template <typename T>
 T* as(std::uintptr_t p) {
   return reinterpret_cast<T*>(p);
@@ -61,7 +54,7 @@ void bind_attention(py::module_& m) {
         a.v_num_blocks = v_num_blocks;
         a.block_size = block_size;
         a.scale = scale;
-        a.dtype = attn_dtype(dtype);
+        a.dtype = dtype_from_code(dtype, true);
         paged_attention(a);
       },
       py::arg("q"), py::arg("tokens"), py::arg("hq"), py::arg("head_dim"), py::arg("k_cache"), py::arg("v_cache"),

@@ -11,16 +11,6 @@
 namespace py = pybind11;
 using namespace engine_cpu;
 
-namespace {
-
-DType moe_dtype(int code) {
-  if (code != static_cast<int>(DType::F32) && code != static_cast<int>(DType::BF16))
-    throw std::invalid_argument("dtype code must be 0 (fp32) or 1 (bf16), got " + std::to_string(code));
-  return static_cast<DType>(code);
-}
-
-}  // namespace
-
 namespace engine_cpu {
 
 void bind_moe(py::module_& m) {
@@ -32,9 +22,9 @@ void bind_moe(py::module_& m) {
          int64_t hidden, int64_t inter, int64_t experts, int top_k, bool renormalize, int dtype) {
         fused_moe({reinterpret_cast<const void*>(x), x_stride, reinterpret_cast<const void*>(w13), w13_expert_stride,
                    w13_row_stride, reinterpret_cast<const void*>(w2), w2_expert_stride, w2_row_stride,
-                   reinterpret_cast<const void*>(logits), logits_stride, moe_dtype(logits_dtype),
+                   reinterpret_cast<const void*>(logits), logits_stride, dtype_from_code(logits_dtype, false),
                    reinterpret_cast<void*>(out), out_stride, tokens, hidden, inter, experts, top_k, renormalize,
-                   moe_dtype(dtype)});
+                   dtype_from_code(dtype, false)});
       },
       py::arg("x"), py::arg("x_stride"), py::arg("w13"), py::arg("w13_expert_stride"), py::arg("w13_row_stride"),
       py::arg("w2"), py::arg("w2_expert_stride"), py::arg("w2_row_stride"), py::arg("logits"),
@@ -50,8 +40,8 @@ void bind_moe(py::module_& m) {
          bool renormalize, std::uintptr_t weights, std::uintptr_t ids) {
         if (top_k < 1 || top_k > experts || logits_stride < experts || tokens < 0)
           throw std::invalid_argument("moe_route: need 1 <= top_k <= experts, logits_stride >= experts, tokens >= 0");
-        moe_route(reinterpret_cast<const void*>(logits), logits_stride, moe_dtype(logits_dtype), tokens, experts,
-                  top_k, renormalize, reinterpret_cast<float*>(weights), reinterpret_cast<int64_t*>(ids));
+        moe_route(reinterpret_cast<const void*>(logits), logits_stride, dtype_from_code(logits_dtype, false), tokens,
+                  experts, top_k, renormalize, reinterpret_cast<float*>(weights), reinterpret_cast<int64_t*>(ids));
       },
       py::arg("logits"), py::arg("logits_stride"), py::arg("logits_dtype"), py::arg("tokens"), py::arg("experts"),
       py::arg("top_k"), py::arg("renormalize"), py::arg("weights"), py::arg("ids"),

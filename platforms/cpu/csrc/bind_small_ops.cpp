@@ -12,17 +12,6 @@
 namespace py = pybind11;
 using namespace engine_cpu;
 
-namespace {
-
-DType small_dtype(int code) {
-  if (code != static_cast<int>(DType::F32) && code != static_cast<int>(DType::BF16) &&
-      code != static_cast<int>(DType::F16))
-    throw std::invalid_argument("dtype code must be 0 (fp32), 1 (bf16) or 2 (fp16), got " + std::to_string(code));
-  return static_cast<DType>(code);
-}
-
-}  // namespace
-
 namespace engine_cpu {
 
 void bind_small_ops(py::module_& m) {
@@ -31,7 +20,7 @@ void bind_small_ops(py::module_& m) {
       [](std::uintptr_t x, int64_t x_stride, std::uintptr_t out, int64_t out_stride, int64_t rows, int64_t d,
          int dtype) {
         silu_and_mul({reinterpret_cast<const void*>(x), x_stride, reinterpret_cast<void*>(out), out_stride, rows, d,
-                      small_dtype(dtype)});
+                      dtype_from_code(dtype, true)});
       },
       py::arg("x"), py::arg("x_stride"), py::arg("out"), py::arg("out_stride"), py::arg("rows"), py::arg("d"),
       py::arg("dtype"), py::call_guard<py::gil_scoped_release>(),
@@ -46,7 +35,7 @@ void bind_small_ops(py::module_& m) {
         RotaryArgs a{reinterpret_cast<const int64_t*>(positions), tokens, reinterpret_cast<const void*>(q),
                      q_stride, q_tokens, q_heads, reinterpret_cast<void*>(q_out), reinterpret_cast<const void*>(k),
                      k_stride, k_tokens, k_heads, reinterpret_cast<void*>(k_out),
-                     reinterpret_cast<const float*>(cos_sin), max_pos, rot_dim, head_dim, neox, small_dtype(dtype)};
+                     reinterpret_cast<const float*>(cos_sin), max_pos, rot_dim, head_dim, neox, dtype_from_code(dtype, true)};
         rotary_embedding(a);
       },
       py::arg("positions"), py::arg("tokens"), py::arg("q"), py::arg("q_stride"), py::arg("q_tokens"),

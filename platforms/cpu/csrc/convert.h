@@ -4,10 +4,22 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 namespace engine_cpu {
 
 enum class DType : int { F32 = 0, BF16 = 1, F16 = 2 };
+
+// A binding's dtype argument as a DType; kernels without an fp16 path pass allow_f16 = false.
+inline DType dtype_from_code(int code, bool allow_f16) {
+  const bool known = code == static_cast<int>(DType::F32) || code == static_cast<int>(DType::BF16) ||
+                     (allow_f16 && code == static_cast<int>(DType::F16));
+  if (!known)
+    throw std::invalid_argument(std::string("dtype code must be 0 (fp32), 1 (bf16)") + (allow_f16 ? " or 2 (fp16)" : "") +
+                                ", got " + std::to_string(code));
+  return static_cast<DType>(code);
+}
 
 inline float bits_to_f32(uint32_t u) {
   float f;

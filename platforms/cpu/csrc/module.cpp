@@ -31,13 +31,6 @@ T* ptr(std::uintptr_t p) {
   return reinterpret_cast<T*>(p);
 }
 
-DType to_dtype(int code) {
-  if (code != static_cast<int>(DType::F32) && code != static_cast<int>(DType::BF16) &&
-      code != static_cast<int>(DType::F16))
-    throw std::invalid_argument("dtype code must be 0 (fp32), 1 (bf16) or 2 (fp16), got " + std::to_string(code));
-  return static_cast<DType>(code);
-}
-
 std::vector<std::string> supported_isa_names() {
   std::vector<std::string> out;
   for (Isa isa : supported_isas()) out.emplace_back(isa_name(isa));
@@ -69,7 +62,7 @@ PYBIND11_MODULE(_native, m) {
       [](int qtype, std::uintptr_t src, int64_t src_stride, int64_t rows, int64_t cols, std::uintptr_t dst,
          int64_t dst_stride, int dtype) {
         gguf_dequant({qtype, ptr<const uint8_t>(src), src_stride, rows, cols, ptr<void>(dst), dst_stride,
-                      to_dtype(dtype)});
+                      dtype_from_code(dtype, true)});
       },
       py::arg("qtype"), py::arg("src"), py::arg("src_stride"), py::arg("rows"), py::arg("cols"), py::arg("dst"),
       py::arg("dst_stride"), py::arg("dtype"), py::call_guard<py::gil_scoped_release>(),
@@ -80,7 +73,7 @@ PYBIND11_MODULE(_native, m) {
       [](std::uintptr_t x, int64_t x_stride, std::uintptr_t w, std::uintptr_t out, int64_t out_stride,
          int64_t rows, int64_t hidden, float eps, int dtype) {
         rms_norm({ptr<const void>(x), x_stride, nullptr, 0, ptr<const void>(w), ptr<void>(out), out_stride,
-                  nullptr, 0, rows, hidden, eps, to_dtype(dtype)});
+                  nullptr, 0, rows, hidden, eps, dtype_from_code(dtype, true)});
       },
       py::arg("x"), py::arg("x_stride"), py::arg("w"), py::arg("out"), py::arg("out_stride"), py::arg("rows"),
       py::arg("hidden"), py::arg("eps"), py::arg("dtype"), py::call_guard<py::gil_scoped_release>(),
@@ -93,7 +86,7 @@ PYBIND11_MODULE(_native, m) {
          int64_t hidden, float eps, int dtype) {
         rms_norm({ptr<const void>(x), x_stride, ptr<const void>(res), res_stride, ptr<const void>(w),
                   ptr<void>(out), out_stride, ptr<void>(sum_out), sum_stride, rows, hidden, eps,
-                  to_dtype(dtype)});
+                  dtype_from_code(dtype, true)});
       },
       py::arg("x"), py::arg("x_stride"), py::arg("residual"), py::arg("residual_stride"), py::arg("w"),
       py::arg("out"), py::arg("out_stride"), py::arg("sum_out"), py::arg("sum_stride"), py::arg("rows"),
