@@ -61,12 +61,51 @@ void run(int qtype, int64_t m, int64_t n, int64_t k, std::mt19937& rng, const ch
   }
 }
 
+// The ISA's quantizer against the contract, bit for bit: d = max|x| / 127, q = nearest-even of x * (1 / d)
+// (blocks with max|x| = 127 make d = 1 and put exact ties in), d and s = d * sum(q) / lanes stored `lanes` times.
+void check_quantize(std::mt19937& rng, const char* isa) {
+  const GgufQ8Kernels kern = gguf_q8_kernels();
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_int_distribution<int> half(-127, 126);
+  for (int64_t k : {32, 96, 576}) {
+    const int64_t nb = k / 32;
+    std::vector<float> x(k);
+    for (auto& v : x) v = normal(rng);
+    for (int j = 0; j < 32; ++j) x[j] = j == 7 ? -127.0f : static_cast<float>(half(rng)) + 0.5f;  // ties
+    if (nb > 1) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // d = 0
+    std::vector<int8_t> q(k, 99);
+    std::vector<float> d(nb * kern.lanes, -1.0f), s(nb * kern.lanes, -1.0f);
+    kern.quantize(x.data(), k, q.data(), d.data(), s.data());
+    for (int64_t b = 0; b < nb; ++b) {
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[32 * b + j]));
+      const float db = amax / 127.0f, inv = db > 0.0f ? 1.0f / db : 0.0f;
+      int sum = 0;
+      for (int j = 0; j < 32; ++j) {
+        const int want = static_cast<int>(std::nearbyint(x[32 * b + j] * inv));
+        sum += want;
+        if (q[32 * b + j] != want)
+          return check::fail(std::string(isa) + " quantize k " + std::to_string(k) + " q[" + std::to_string(32 * b + j) +
+                             "] = " + std::to_string(q[32 * b + j]) + ", want " + std::to_string(want));
+      }
+      const float sb = db * static_cast<float>(sum) / static_cast<float>(kern.lanes);
+      for (int l = 0; l < kern.lanes; ++l)
+        if (d[b * kern.lanes + l] != db || s[b * kern.lanes + l] != sb)
+          return check::fail(std::string(isa) + " quantize k " + std::to_string(k) + " block " + std::to_string(b) +
+                             ": d, s = " + std::to_string(d[b * kern.lanes + l]) + ", " +
+                             std::to_string(s[b * kern.lanes + l]) + ", want " + std::to_string(db) + ", " +
+                             std::to_string(sb));
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   std::mt19937 rng(check::seed());
   return check::for_each_isa([&](const char* isa) {
     std::printf("%s: kernel variant %s\n", isa, gguf_q8act_variant());
+    check_quantize(rng, isa);
     for (int qtype : {kQ4_0, kQ4_1, kQ8_0})
       for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 32}, {2, 9, 96}, {5, 7, 576},
                              {1, 130, 1536}, {7, 3, 64}})

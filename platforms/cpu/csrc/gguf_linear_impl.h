@@ -1,7 +1,8 @@
 // The fp32-activation GGUF linear kernels (gguf_linear.h's decode / dot / gemv), written once on the
-// vector layer (vec.h + gguf_vec.h) and instantiated per ISA by gguf_linear_{scalar,avx2,avx512,neon,vsx}.cpp,
-// which define ENGINE_VEC_FN (the backend's target attribute) first. RVV keeps its length-agnostic
-// kernels (gguf_linear_rvv.cpp): its vector types are sizeless, so they cannot live in arrays as here.
+// vector layer (vec.h, with the quantized-block members of vec_quant.h) and instantiated per ISA by
+// gguf_linear_{scalar,avx2,avx512,neon,vsx}.cpp, which define ENGINE_VEC_FN (the backend's target attribute)
+// first. RVV keeps its length-agnostic kernels (gguf_linear_rvv.cpp): its vector types are sizeless, so they
+// cannot live in arrays as here.
 //
 // Values: decode gives the reference's values bit for bit ((q - 8) * d, q * d + m as a multiply then an
 // add, q * d); gemv computes d * (q . x_b) + m * sum(x_b) per block b (Q4_0: m = -8 d), which is the
@@ -15,7 +16,7 @@
 
 #include "gguf_dequant.h"
 #include "gguf_linear.h"
-#include "gguf_vec.h"
+#include "vec.h"
 
 #ifndef ENGINE_VEC_FN
 #error "define ENGINE_VEC_FN before including gguf_linear_impl.h"
@@ -31,7 +32,7 @@ constexpr int kQBytes = kQ == kQ8_0 ? 34 : kQ == kQ4_1 ? 20 : 18;
 // the second half is the whole bytes (low + 16 * high nibble, see gemv_rows), one shift fewer per vector.
 template <class V, int kQ, bool kWhole = false>
 ENGINE_VEC_FN inline void block_quants(const uint8_t* b, typename V::F* q) {
-  using Q = QuantOps<V>;
+  using Q = V;
   constexpr int W = V::W, NC = 32 / W;
   const uint8_t* qs = b + (kQ == kQ4_1 ? 4 : 2);
   if constexpr (Q::kBlockLoads) {
@@ -69,11 +70,11 @@ ENGINE_VEC_FN void decode_q(const uint8_t* w, int64_t w_stride, int rows, int64_
     float* out = dst + r * k;
     for (int64_t c = 0; c < k; c += 32, b += kQBytes<kQ>, out += 32) {
       const F d = V::set1(lut[load_fp16(b)]);
-      if constexpr (kQ != kQ8_0 && QuantOps<V>::kLut16) {  // the block's 16 values, each nibble picks one
+      if constexpr (kQ != kQ8_0 && V::kLut16) {  // the block's 16 values, each nibble picks one
         const F table = q4_table<V, kQ>(d, b, lut);
         const uint8_t* qs = b + (kQ == kQ4_1 ? 4 : 2);
-        V::store(out, QuantOps<V>::lut16_lo(table, qs));
-        V::store(out + 16, QuantOps<V>::lut16_hi(table, qs));
+        V::store(out, V::lut16_lo(table, qs));
+        V::store(out + 16, V::lut16_hi(table, qs));
         continue;
       }
       F q[NC];
@@ -153,7 +154,7 @@ ENGINE_VEC_FN void dot_t(const float* x, int64_t xs, const float* w, int64_t k, 
     for (int u = 1; u < U; ++u)
       #pragma GCC unroll 32
       for (int j = 0; j < 4; ++j) acc[0][i][j] = V::add(acc[0][i][j], acc[u][i][j]);
-    QuantOps<V>::reduce4(acc[0][i], out + i * 4);
+    V::store_sum4(out + i * 4, acc[0][i]);
   }
 }
 
@@ -197,7 +198,7 @@ ENGINE_VEC_FN void gemv_rows(const uint8_t* w, int64_t w_stride, int64_t k, cons
     F xv[NC];
     #pragma GCC unroll 32
     for (int j = 0; j < NC; ++j) xv[j] = V::load(x + c + W * j);
-    const F xs = kQ != kQ8_0 && !QuantOps<V>::kLut16 ? V::load(xsum + c / 32 * W) : V::zero();
+    const F xs = kQ != kQ8_0 && !V::kLut16 ? V::load(xsum + c / 32 * W) : V::zero();
     // Q4_0: d * (q . x_b - 8 sum(x_b)), the -8 sum(x_b) seeding each row's block dot (no scalar m per row).
     const F xs8 = kQ == kQ4_0 ? V::mul(xs, V::set1(-8.0f)) : V::zero();
     #pragma GCC unroll 32
@@ -206,11 +207,11 @@ ENGINE_VEC_FN void gemv_rows(const uint8_t* w, int64_t w_stride, int64_t k, cons
       // The next R rows (prefetch never faults, past the end too): several times the bandwidth of the
       // hardware prefetcher alone on the 30 MB LM head, measured.
       __builtin_prefetch(b + R * w_stride, 0, 3);
-      if constexpr (kQ != kQ8_0 && QuantOps<V>::kLut16) {  // values from the block's table: no scaling after
+      if constexpr (kQ != kQ8_0 && V::kLut16) {  // values from the block's table: no scaling after
         const F table = q4_table<V, kQ, true>(V::set1(lut[load_fp16(b)]), b, lut);
         const uint8_t* qs = b + (kQ == kQ4_1 ? 4 : 2);
-        acc[i] = V::fma(QuantOps<V>::lut16_lo(table, qs), xv[0], acc[i]);
-        accm[i] = V::fma(QuantOps<V>::lut16_hi(table, qs), xv[1], accm[i]);
+        acc[i] = V::fma(V::lut16_lo(table, qs), xv[0], acc[i]);
+        accm[i] = V::fma(V::lut16_hi(table, qs), xv[1], accm[i]);
         continue;
       }
       F q[NC];
@@ -226,7 +227,7 @@ ENGINE_VEC_FN void gemv_rows(const uint8_t* w, int64_t w_stride, int64_t k, cons
     F s[4];
     #pragma GCC unroll 32
     for (int i = 0; i < 4; ++i) s[i] = V::add(acc[i], accm[i]);
-    QuantOps<V>::reduce4(s, out);
+    V::store_sum4(out, s);
   } else {
     #pragma GCC unroll 32
     for (int i = 0; i < R; ++i) out[i] = V::reduce_add(V::add(acc[i], accm[i]));
@@ -264,7 +265,7 @@ template <class V, int kQ>
 ENGINE_VEC_FN void gemv_q(const uint8_t* w, int64_t w_stride, int rows, int64_t k, const float* x, float* out,
                           const float* lut) {
   thread_local std::vector<float> xsum, xq;
-  if (kQ != kQ8_0 && !QuantOps<V>::kLut16) {
+  if (kQ != kQ8_0 && !V::kLut16) {
     if (xsum.size() < static_cast<size_t>(k / 32 * V::W)) xsum.resize(static_cast<size_t>(k / 32 * V::W));
     if (xq.size() < static_cast<size_t>(k + 16)) xq.resize(static_cast<size_t>(k + 16));
     float* const xa = xq.data() + (16 - reinterpret_cast<uintptr_t>(xq.data()) / 4 % 16) % 16;  // 64-byte aligned

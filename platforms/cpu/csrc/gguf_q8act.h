@@ -36,7 +36,7 @@ struct Q8Rows {
 
 constexpr int kQ8PanelRows = 4;  // weight rows per tile call
 
-// Per-ISA building blocks.
+// Per-ISA building blocks (gguf_q8act_impl.h on the vector layer; RVV's tile in gguf_linear_rvv.cpp).
 //  quantize: one fp32 row of k elements -> q [k], d and s [k / 32 * lanes] in this ISA's layout.
 //  tile:     out[i * kQ8PanelRows + j] = row i of x (i < mt <= max_mt) . weight row j (j < rows <= 4),
 //            rows i of x starting at x row x0; `lut` maps fp16 bits to fp32.
@@ -66,11 +66,7 @@ GgufQ8Kernels gguf_q8_kernels_vsx();
 GgufQ8Kernels gguf_q8_kernels_rvv();
 #endif
 
-// The scalar quantizer's rounding of one block (shared by the SIMD tails and tests): writes q[32],
-// returns d; *isum receives sum(q).
-float quantize_q8_block(const float* x, int8_t* q, int* isum);
-// The portable quantizer (lanes = 1: d[b] and s[b] = d * sum(q) once per block), for the kernels without
-// their own (scalar, VSX, RVV).
-void quantize_q8_rows(const float* x, int64_t k, int8_t* q, float* d, float* s);
+// The kernels gguf_linear_q8act runs on now (those of gguf_q8act_variant()).
+GgufQ8Kernels gguf_q8_kernels();
 
 }  // namespace engine_cpu

@@ -1,5 +1,5 @@
-// The dotprod (SDOT) variant of the AArch64 Q8-activation tile: gguf_q8act_impl.h with an SDOT block dot,
-// this whole file compiled for Armv8.2 dotprod; the driver calls it only where cpu_has_dotprod() says so.
+// The dotprod (SDOT) variant of the AArch64 Q8-activation tile: gguf_q8act_impl.h on VecNeonDot, this whole
+// file compiled for Armv8.2 dotprod; the driver calls it only where cpu_has_dotprod() says so.
 #include "isa.h"
 
 #ifdef ENGINE_ARM64
@@ -12,21 +12,10 @@
 #include "gguf_q8act_impl.h"
 
 namespace engine_cpu {
-namespace {
-
-struct Q8NeonSdot {
-  static int32x4_t run(int8x16_t wlo, int8x16_t whi, const int8_t* xq) {
-    return vdotq_s32(vdotq_s32(vdupq_n_s32(0), wlo, vld1q_s8(xq)), whi, vld1q_s8(xq + 16));
-  }
-};
-
-}  // namespace
-
 void gguf_q8_tile_neon_dotprod(int qtype, const uint8_t* w, int64_t ws, int rows, const Q8Rows& x, int64_t x0,
                                int mt, float* out, const float* lut) {
-  q8_tile_impl<VecNeon, Q8OpsNeon<Q8NeonSdot>, 1>(qtype, w, ws, rows, x, x0, mt, out, lut);
+  q8_tile_impl<VecNeonDot, 1>(qtype, w, ws, rows, x, x0, mt, out, lut);
 }
-
 }  // namespace engine_cpu
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -1,11 +1,9 @@
-// The portable Q8-activation GGUF kernels: the lanes = 1 quantizer and gguf_q8act_impl.h on VecScalar.
+// The portable Q8-activation GGUF kernels: gguf_q8act_impl.h on VecScalar (one scale per block).
 #include "isa.h"
 
 #define ENGINE_VEC_FN
 #include "gguf_q8act_impl.h"
 
 namespace engine_cpu {
-GgufQ8Kernels gguf_q8_kernels_scalar() {
-  return {1, kQ8TileRows<VecScalar>, quantize_q8_rows, q8_tile_impl<VecScalar, Q8Ops<VecScalar>, 1>};
-}
+GgufQ8Kernels gguf_q8_kernels_scalar() { return q8_kernels<VecScalar, 1>(); }
 }  // namespace engine_cpu

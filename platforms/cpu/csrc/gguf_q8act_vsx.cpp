@@ -1,5 +1,5 @@
-// The POWER (VSX) Q8-activation GGUF kernels: the portable quantizer and gguf_q8act_impl.h on VecVsx, the
-// block dots by vmsummbm (signed x unsigned bytes into int32 lanes).
+// The POWER (VSX) Q8-activation GGUF kernels: gguf_q8act_impl.h on VecVsx, the block dots by vmsummbm
+// (signed x unsigned bytes into int32 lanes).
 #include "isa.h"
 
 #ifdef ENGINE_VSX
@@ -7,8 +7,6 @@
 #include "gguf_q8act_impl.h"
 
 namespace engine_cpu {
-GgufQ8Kernels gguf_q8_kernels_vsx() {
-  return {1, kQ8TileRows<VecVsx>, quantize_q8_rows, q8_tile_impl<VecVsx, Q8Ops<VecVsx>, 1>};
-}
+GgufQ8Kernels gguf_q8_kernels_vsx() { return q8_kernels<VecVsx, 1>(); }
 }  // namespace engine_cpu
 #endif  // ENGINE_VSX

@@ -1,9 +1,9 @@
 // The fused-MoE building blocks (moe.h) written once on vec.h's fixed-width backends and instantiated
 // by moe_{avx2,avx512,neon,vsx,rvv}.cpp:
 //  * moe_dot: MT rows of x times the kMoePanel = 4 weight rows of a panel, reduced along k in vector
-//    lanes, the four sums of a row by one transpose-and-add (V::transpose_add on 4 lanes,
-//    V::store_sum4 on wider vectors); bf16 weights widen in registers. The last k % W columns: partial
-//    vectors (V::load_n) where W > 4, scalar code on the 4-lane backends (at most 3 columns);
+//    lanes, the four sums of a row by V::store_sum4 (a transpose-and-add); bf16 weights widen in
+//    registers. The last k % W columns: partial vectors (V::load_n) where W > 4, scalar code on the
+//    4-lane backends (at most 3 columns);
 //  * moe_gemm (used where it beats dot, AVX-512 today): 8 weight rows x blocks of 16 tokens of x^T,
 //    one weight value broadcast against the token vectors;
 //  * moe_widen: bf16 to fp32 rows (gemm's weight buffer).
@@ -34,13 +34,6 @@ template <class V>
 ENGINE_VEC_FN inline typename V::F moe_ld_n(const uint16_t* p, size_t n) { return V::load_bf16_n(p, n); }
 inline float moe_f32(float v) { return v; }
 inline float moe_f32(uint16_t v) { return bf16_to_f32(v); }
-
-// out[j] = the sum of the lanes of v[j], j < 4.
-template <class V>
-ENGINE_VEC_FN inline void moe_sum4(const typename V::F* v, float* out) {
-  if constexpr (V::W == 4) V::store(out, V::transpose_add(v));
-  else V::store_sum4(out, v);
-}
 
 template <class V, typename W, int MT, int U, bool kPrefetch>
 ENGINE_VEC_FN void moe_dot_t(const float* x, int64_t xs, const W* const* w, int64_t k, float* out) {
@@ -112,7 +105,7 @@ ENGINE_VEC_FN void moe_dot_t(const float* x, int64_t xs, const W* const* w, int6
     for (int u = 1; u < U; ++u)
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) acc[0][i][j] = V::add(acc[0][i][j], acc[u][i][j]);
-    moe_sum4<V>(acc[0][i], out + i * 4);
+    V::store_sum4(out + i * 4, acc[0][i]);
     if constexpr (L == 4) {
       for (int j = 0; j < 4; ++j) {
         float tail = 0.0f;

@@ -26,6 +26,10 @@
 //   the streaming members below give every backend (VecRvv of vec_rvv.h included) that shape with
 //   lanes() as the step: rms_norm_impl.h, rotary_impl.h and activation_impl.h use it.
 //
+// Integers and quantized blocks (int8 dot products, nibble and byte widening, the Q8 block loads): the members
+// of the same backends, written in vec_quant.h (each backend here derives from its base there; VecAvx512Vnni
+// and VecNeonDot add the integer dot of the optional extensions), so kernels see one abstraction, `V::`.
+//
 // Each backend is a struct of static inline functions in an anonymous namespace (internal linkage: no
 // ISA-specific code can leak into a shared inline definition). Include only inside the matching
 // #ifdef (ENGINE_X86, ENGINE_ARM64, ENGINE_VSX); the RVV backends (vec_rvv.h) come with -march=...v.
@@ -53,6 +57,8 @@
 #undef bool
 #endif
 
+#include "vec_quant.h"  // the integer and quantized-block members: the bases of the backends below
+
 namespace engine_cpu {
 namespace {
 
@@ -72,7 +78,8 @@ inline void copy_small(void* dst, const void* src, size_t bytes) {
 
 // The fixed-width contract, shown by the portable backend: every other backend has the same members.
 // `fma(a, b, c)` = a * b + c; `transpose_add(v)` takes W vectors and returns the vector whose lane i is
-// the sum of the lanes of v[i]; `keep_first(v, n, fill)` keeps lanes < n and puts fill in the others;
+// the sum of the lanes of v[i]; `store_sum4(out, v)` writes out[j] = the sum of the lanes of v[j], j < 4;
+// abs and max are lanewise; `keep_first(v, n, fill)` keeps lanes < n and puts fill in the others;
 // kAccRegs / kMaxRows size register blocking (accumulators a kernel may keep live).
 // Streaming members (elementwise kernels: rms_norm, rotary, activation; every backend, RVV included):
 // lanes() = lanes per step (W, or VLMAX read at run time on RVV); `*_n(p, n)` loads put 0 in lanes >= n
@@ -81,10 +88,7 @@ inline void copy_small(void* dst, const void* src, size_t bytes) {
 // floats; dup_pairs_n reads n/2, n even); neg_even flips the sign of the even lanes. The portable
 // backend is four plain floats: chunked like the vector backends (per-chunk costs amortised over four
 // keys), and the compiler may vectorize it for the build's baseline ISA.
-struct VecScalar {
-  struct F {
-    float v[4];
-  };
+struct VecScalar : QuantScalar {
   static constexpr int W = 4, kAccRegs = 8, kMaxRows = 2;
   template <class Op>
   static F map(F a, F b, Op op) {
@@ -113,11 +117,14 @@ struct VecScalar {
   static F div(F a, F b) { return map(a, b, [](float x, float y) { return x / y; }); }
   static F fma(F a, F b, F c) { return add(mul(a, b), c); }
   static F exp(F x) { return F{{std::exp(x.v[0]), std::exp(x.v[1]), std::exp(x.v[2]), std::exp(x.v[3])}}; }
+  static F abs(F a) { return F{{std::fabs(a.v[0]), std::fabs(a.v[1]), std::fabs(a.v[2]), std::fabs(a.v[3])}}; }
+  static F max(F a, F b) { return map(a, b, [](float x, float y) { return std::max(x, y); }); }
   static float reduce_add(F v) { return (v.v[0] + v.v[1]) + (v.v[2] + v.v[3]); }
   static float reduce_max(F v) { return std::max(std::max(v.v[0], v.v[1]), std::max(v.v[2], v.v[3])); }
   static F transpose_add(const F* v) {
     return F{{reduce_add(v[0]), reduce_add(v[1]), reduce_add(v[2]), reduce_add(v[3])}};
   }
+  static void store_sum4(float* out, const F* v) { store(out, transpose_add(v)); }
   static F keep_first(F v, int n, F fill) {
     for (int i = n < 0 ? 0 : n; i < 4; ++i) v.v[i] = fill.v[i];
     return v;
@@ -156,7 +163,7 @@ struct VecScalar {
 };
 
 #ifdef ENGINE_X86
-struct VecAvx2 {
+struct VecAvx2 : QuantAvx2 {
   using F = __m256;
   static constexpr int W = 8, kAccRegs = 8, kMaxRows = 2;  // 16 ymm registers
   ENGINE_AVX2 static F zero() { return _mm256_setzero_ps(); }
@@ -174,6 +181,8 @@ struct VecAvx2 {
   ENGINE_AVX2 static F div(F a, F b) { return _mm256_div_ps(a, b); }
   ENGINE_AVX2 static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   ENGINE_AVX2 static F exp(F x) { return exp256(x); }
+  ENGINE_AVX2 static F abs(F a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  ENGINE_AVX2 static F max(F a, F b) { return _mm256_max_ps(a, b); }
   ENGINE_AVX2 static float reduce_add(F v) { return hsum8(v); }
   ENGINE_AVX2 static float reduce_max(F v) {
     __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -246,7 +255,7 @@ struct VecAvx2 {
   ENGINE_AVX2 static F neg_even(F v) { return _mm256_xor_ps(v, _mm256_castsi256_ps(_mm256_set1_epi64x(0x80000000LL))); }
 };
 
-struct VecAvx512 {
+struct VecAvx512 : QuantAvx512 {
   using F = __m512;
   static constexpr int W = 16, kAccRegs = 16, kMaxRows = 4;  // 32 zmm registers
   ENGINE_AVX512 static F zero() { return _mm512_setzero_ps(); }
@@ -264,6 +273,8 @@ struct VecAvx512 {
   ENGINE_AVX512 static F div(F a, F b) { return _mm512_div_ps(a, b); }
   ENGINE_AVX512 static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   ENGINE_AVX512 static F exp(F x) { return exp512(x); }
+  ENGINE_AVX512 static F abs(F a) { return _mm512_andnot_ps(_mm512_set1_ps(-0.0f), a); }
+  ENGINE_AVX512 static F max(F a, F b) { return _mm512_max_ps(a, b); }
   ENGINE_AVX512 static float reduce_add(F v) { return _mm512_reduce_add_ps(v); }
   ENGINE_AVX512 static float reduce_max(F v) { return _mm512_reduce_max_ps(v); }
   ENGINE_AVX512 static F transpose_add(const F* v) {  // 16 vectors: 45 shuffles/adds for 16 sums
@@ -309,10 +320,20 @@ struct VecAvx512 {
     return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi64(0x80000000LL)));
   }
 };
+
+// VecAvx512 and the integer dot of AVX512_VNNI (vpdpbusd: u8 x s8 -> s32); kernels on it carry
+// ENGINE_AVX512VNNI and run only where cpu_has_avx512_vnni().
+struct VecAvx512Vnni : VecAvx512 {
+  ENGINE_AVX512VNNI static I dot_u8s8(I acc, B u, B s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  ENGINE_AVX512VNNI static I dot_s8s8(I acc, B a, B b) {  // |a| times b carrying a's sign
+    const __m512i neg_b = _mm512_mask_sub_epi8(b, _mm512_movepi8_mask(a), _mm512_setzero_si512(), b);
+    return dot_u8s8(acc, _mm512_abs_epi8(a), neg_b);
+  }
+};
 #endif  // ENGINE_X86
 
 #ifdef ENGINE_ARM64
-struct VecNeon {
+struct VecNeon : QuantNeon {
   using F = float32x4_t;
   static constexpr int W = 4, kAccRegs = 16, kMaxRows = 4;  // 32 q registers
   static F zero() { return vdupq_n_f32(0.0f); }
@@ -334,9 +355,12 @@ struct VecNeon {
   static F div(F a, F b) { return vdivq_f32(a, b); }
   static F fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
   static F exp(F x);
+  static F abs(F a) { return vabsq_f32(a); }
+  static F max(F a, F b) { return vmaxq_f32(a, b); }
   static float reduce_add(F v) { return vaddvq_f32(v); }
   static float reduce_max(F v) { return vmaxvq_f32(v); }
   static F transpose_add(const F* v) { return vpaddq_f32(vpaddq_f32(v[0], v[1]), vpaddq_f32(v[2], v[3])); }
+  static void store_sum4(float* out, const F* v) { vst1q_f32(out, transpose_add(v)); }
   static F keep_first(F v, int n, F fill) {
     const float lanes[4] = {0, 1, 2, 3};
     return vbslq_f32(vcltq_f32(vld1q_f32(lanes), vdupq_n_f32(static_cast<float>(n))), v, fill);
@@ -386,10 +410,22 @@ struct VecNeon {
     return vreinterpretq_f32_u64(veorq_u64(vreinterpretq_u64_f32(v), vdupq_n_u64(0x80000000ULL)));
   }
 };
+
+// VecNeon and the Armv8.2 dotprod integer dot (SDOT: s8 x s8 -> s32, four products per lane); kernels on it
+// are compiled for dotprod (gguf_q8act_neon_dotprod.cpp) and run only where cpu_has_dotprod().
+#if defined(__clang__)
+#define ENGINE_DOTPROD __attribute__((target("dotprod")))
+#else
+#define ENGINE_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+#endif
+struct VecNeonDot : VecNeon {
+  ENGINE_DOTPROD static I dot_s8s8(I acc, B a, B b) { return vdotq_s32(acc, a, b); }
+  ENGINE_DOTPROD static I dot_u8s8(I acc, B u, B s) { return vdotq_s32(acc, u, s); }  // u <= 127: a valid s8
+};
 #endif  // ENGINE_ARM64
 
 #ifdef ENGINE_VSX
-struct VecVsx {
+struct VecVsx : QuantVsx {
   using F = __vector float;
   static constexpr int W = 4, kAccRegs = 16, kMaxRows = 4;  // 64 VSX registers
   static F zero() { return vec_splats(0.0f); }
@@ -419,6 +455,8 @@ struct VecVsx {
   static F div(F a, F b) { return vec_div(a, b); }
   static F fma(F a, F b, F c) { return vec_madd(a, b, c); }
   static F exp(F x);
+  static F abs(F a) { return vec_abs(a); }
+  static F max(F a, F b) { return vec_max(a, b); }
   static float reduce_add(F v) { return (v[0] + v[1]) + (v[2] + v[3]); }
   static float reduce_max(F v) { return std::fmax(std::fmax(v[0], v[1]), std::fmax(v[2], v[3])); }
   static F transpose_add(const F* v) {
@@ -430,6 +468,7 @@ struct VecVsx {
     const D2 hi = vec_mergel(reinterpret_cast<D2>(s01), reinterpret_cast<D2>(s23));
     return vec_add(reinterpret_cast<F>(lo), reinterpret_cast<F>(hi));
   }
+  static void store_sum4(float* out, const F* v) { store(out, transpose_add(v)); }
   static F keep_first(F v, int n, F fill) {
     const F lane = {0, 1, 2, 3};
     return vec_sel(fill, v, vec_cmplt(lane, vec_splats(static_cast<float>(n))));

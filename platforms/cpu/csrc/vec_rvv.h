@@ -178,6 +178,7 @@ struct VecRvv128 {
     const F b = __builtin_shufflevector(v[2], v[3], 0, 4, 2, 6) + __builtin_shufflevector(v[2], v[3], 1, 5, 3, 7);
     return __builtin_shufflevector(a, b, 0, 1, 4, 5) + __builtin_shufflevector(a, b, 2, 3, 6, 7);
   }
+  static void store_sum4(float* out, const F* v) { store(out, transpose_add(v)); }
   static F keep_first(F v, int n, F fill) {
     const I lane = {0, 1, 2, 3};
     return lane < n ? v : fill;
