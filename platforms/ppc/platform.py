@@ -2,31 +2,39 @@
 
 from __future__ import annotations
 
+import torch
+
 from engine.platforms.cpu.platform import CpuPlatform
 
 from . import probe
 
 # What the native module brings on POWER (the `vsx` ISA variant, platforms/cpu/csrc/*_vsx.cpp) and what still
-# runs the portable C++ paths there. Keep in step with the csrc files. The C++ kernels take fp16 storage
-# (POWER9 xvcvhpsp / xvcvsphp), but fp16 is not a supported dtype of this platform yet: the Python op wrappers
-# pass only fp32 / bf16 to the native kernels and no op dispatches fp16 to the fp16 linear, so an fp16 model
-# would run the plain-torch references.
+# runs the portable C++ paths there. Keep in step with the csrc files and the cpu kernel wrappers. fp16 models run
+# the native kernels with fp16 storage (POWER9 xvcvhpsp / xvcvsphp conversions, fp32 FMA): dense linears of every M
+# (kernels/linear.py says why every M), RMSNorm, rotary, SiLU-and-mul and paged attention; GGUF linears take fp16
+# activations through their fp32 kernels (x widened, y rounded once); MoE in fp16 and the ops the cpu platform has
+# no kernel for run their plain-torch references (the registry says so once).
 VSX_KERNELS = ("paged attention (C++: fp32/bf16/fp16 storage)", "RMSNorm, rotary, SiLU-and-mul (C++: fp32/bf16/fp16)",
-               "GGUF linear with fp32 activations (Q4_0/Q4_1/Q8_0)", "MoE (fp32/bf16)",
-               "fp16 linear (native kernel, not yet an op)")
+               "fp16 dense linear (C++, every M; fp32/bf16 dense linears run torch's BLAS)",
+               "GGUF linear with fp32 activations (Q4_0/Q4_1/Q8_0; fp16 x widened to fp32)", "MoE (fp32/bf16)")
 PORTABLE_KERNELS = ("GGUF Q8-activation linear",)
 
 
 class PpcPlatform(CpuPlatform):
     name = "ppc"
     priority = 20  # above cpu: where POWER9 VSX is present, its kernels are preferred
+    fp16_linear_rule = "ppc"  # fp16 dense linears: the native kernel at every M (kernels/linear.py)
     description = ("POWER9+ (ppc64le): the cpu kernels, with VSX paged attention, RMSNorm, rotary, SiLU-and-mul, "
-                   "MoE and fp32-activation GGUF linear; the Q8-activation GGUF linear runs the portable C++ path "
-                   "(fp16 is not a supported dtype yet: its VSX kernels are built, no op routes fp16 to them)")
+                   "MoE and fp32-activation GGUF linear, and fp16 as a supported dtype (VSX fp16 dense linear; "
+                   "attention and the small ops on fp16 storage; GGUF linears through fp32); the Q8-activation GGUF "
+                   "linear runs the portable C++ path, and MoE in fp16 the plain-torch reference")
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:
         return probe()
+
+    def supported_dtypes(self) -> tuple[torch.dtype, ...]:
+        return (torch.float32, torch.bfloat16, torch.float16)
 
     def facts(self) -> dict[str, object]:
         out = super().facts()

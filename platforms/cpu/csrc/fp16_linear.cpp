@@ -58,7 +58,8 @@ void fp16_linear(const Fp16LinearArgs& a) {
         fn(x + m0 * a.k, a.k, mt, a.w + n0 * a.w_stride, a.w_stride, rows, a.k, out);
         for (int64_t i = 0; i < mt; ++i)
           for (int j = 0; j < rows; ++j)
-            a.y[(m0 + i) * a.y_stride + n0 + j] = f32_to_fp16(out[i * kFp16PanelRows + j]);
+            a.y[(m0 + i) * a.y_stride + n0 + j] =
+                f32_to_fp16(out[i * kFp16PanelRows + j] + (a.bias ? fp16_to_f32(a.bias[n0 + j]) : 0.0f));
       }
     }
   });

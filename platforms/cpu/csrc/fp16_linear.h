@@ -1,5 +1,5 @@
-// fp16 linear: y[m, n] = sum_k x[m, k] * w[n, k], x, w and y in fp16, products and sums in fp32 (the
-// accumulation torch's CPU fp16 matmul does), y rounded to fp16 once. Threads split the weight rows in
+// fp16 linear: y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]), x, w, bias and y in fp16, products and sums in
+// fp32 (the accumulation torch's CPU fp16 matmul does), y rounded to fp16 once. Threads split the weight rows in
 // panels of kFp16PanelRows; each panel row is read once per call whatever m is (m = 1 is the decode GEMV).
 // The math is fp16_linear_impl.h, written once on the vector layer and instantiated per ISA.
 #pragma once
@@ -18,6 +18,7 @@ struct Fp16LinearArgs {
   uint16_t* y;  // [m, n], unit stride along n
   int64_t y_stride;
   int64_t m, n, k;
+  const uint16_t* bias = nullptr;  // [n] or none: added in fp32 before y's one rounding
 };
 
 // Validates (std::invalid_argument) and runs on the current ISA.

@@ -14,8 +14,9 @@ NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "rms_norm",
               "fused_moe")
 
 
-def register(registry) -> None:
-    """Register every native CPU kernel into ``registry``."""
+def register(registry, fp16_linear_rule: str = "cpu") -> None:
+    """Register every native CPU kernel into ``registry``. ``fp16_linear_rule`` names the platform whose measured
+    rule (linear.FP16_MAX_M_RULES) decides up to how many rows fp16 ``linear`` runs the native kernel."""
     from engine.platforms.cpu import config, read_cpuinfo
 
     why = config.check_native()  # a bad ENGINE_CPU_ISA raises; a missing build is recorded for `engine doctor`
@@ -24,9 +25,12 @@ def register(registry) -> None:
             registry.skip(op, "native", why)
         return
 
-    from . import attention, gguf, moe, moe_bf16_amx, norm, small_ops
+    from engine.platforms.cpu import _native
+
+    from . import attention, gguf, linear, moe, moe_bf16_amx, norm, small_ops
 
     gguf.register(registry)
+    linear.register(registry, linear.FP16_MAX_M_RULES[fp16_linear_rule](_native.isa(), read_cpuinfo()))
     norm.register(registry)
     attention.register(registry)
     small_ops.register(registry)

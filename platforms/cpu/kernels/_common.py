@@ -6,7 +6,12 @@ import torch
 
 from engine.platforms.cpu import _native
 
+# The activation dtypes of every native kernel (the GGUF and MoE kernels take only these) ...
 DTYPE_CODE = {torch.float32: _native.DTYPE_F32, torch.bfloat16: _native.DTYPE_BF16}
+# ... and of the kernels that also take fp16 storage (RMSNorm, paged attention, rotary, SiLU-and-mul: fp32 math,
+# one rounding per stored value; the ppc platform's fp16 path, the same source on every ISA).
+STORAGE_CODE = {**DTYPE_CODE, torch.float16: _native.DTYPE_F16}
+STORAGE_NAMES = "fp32, bf16, fp16"
 PRIORITY = 10
 
 

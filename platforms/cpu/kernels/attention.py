@@ -1,4 +1,4 @@
-"""Native paged attention (decode and causal prefill) and write_kv_cache, fp32 / bf16, fp32 math.
+"""Native paged attention (decode and causal prefill) and write_kv_cache, fp32 / bf16 / fp16 storage, fp32 math.
 
 These run about 30 times per decode step, so the wrappers do no validation of their own: dispatch
 caches ``supports()`` per shape signature (every dimension but the first, dtypes, contiguity), and
@@ -14,7 +14,7 @@ from engine.core.ops.attention import paged_attention_decode, paged_attention_pr
 from engine.core.ops.kv_cache import write_kv_cache
 from engine.platforms.cpu import _native
 
-from ._common import DTYPE_CODE, PRIORITY, isa_note
+from ._common import PRIORITY, STORAGE_CODE, STORAGE_NAMES, isa_note
 
 _MAX_HEAD_DIM = 256
 
@@ -26,8 +26,9 @@ def _on_cpu(*tensors) -> bool:
 def _supports_attention(q, key_cache, value_cache, block_tables, seq_lens):
     if not _on_cpu(q, key_cache, value_cache, block_tables, seq_lens):
         return "tensors must be on the cpu device"
-    if q.dtype not in DTYPE_CODE or key_cache.dtype != q.dtype or value_cache.dtype != q.dtype:
-        return f"q/key_cache/value_cache dtypes {q.dtype}/{key_cache.dtype}/{value_cache.dtype}: need one of fp32, bf16"
+    if q.dtype not in STORAGE_CODE or key_cache.dtype != q.dtype or value_cache.dtype != q.dtype:
+        return (f"q/key_cache/value_cache dtypes {q.dtype}/{key_cache.dtype}/{value_cache.dtype}: need one of "
+                f"{STORAGE_NAMES}")
     if q.dim() != 3 or key_cache.dim() != 4 or value_cache.shape[1:] != key_cache.shape[1:]:
         return "q must be [T, Hq, D] and both caches [num_blocks, block_size, Hk, D]"
     hq, d = q.shape[1], q.shape[2]
@@ -65,7 +66,7 @@ def _attention(q, key_cache, value_cache, block_tables, cu_seqlens_q, cu_len, se
     _native.paged_attention(q.data_ptr(), t, hq, d, key_cache.data_ptr(), value_cache.data_ptr(), nb,
                             value_cache.shape[0], bs, hk, block_tables.data_ptr(), bt_rows, max_blocks, s0, s1,
                             seq_lens.data_ptr(), seq_lens.shape[0], cu_seqlens_q, cu_len, out.data_ptr(), scale,
-                            DTYPE_CODE[q.dtype])
+                            STORAGE_CODE[q.dtype])
     return out
 
 
@@ -81,8 +82,8 @@ def _prefill(q, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens, sc
 def _supports_write(key, value, key_cache, value_cache, slot_mapping):
     if not _on_cpu(key, value, key_cache, value_cache, slot_mapping):
         return "tensors must be on the cpu device"
-    if key.dtype not in DTYPE_CODE or {value.dtype, key_cache.dtype, value_cache.dtype} != {key.dtype}:
-        return "key, value and caches must share one dtype of fp32, bf16"
+    if key.dtype not in STORAGE_CODE or {value.dtype, key_cache.dtype, value_cache.dtype} != {key.dtype}:
+        return f"key, value and caches must share one dtype of {STORAGE_NAMES}"
     if key.dim() != 3 or value.shape[1:] != key.shape[1:] or key_cache.dim() != 4 \
             or value_cache.shape[1:] != key_cache.shape[1:] or key_cache.shape[2:] != key.shape[1:]:
         return "key/value must be [T, Hk, D] and the caches [num_blocks, block_size, Hk, D]"

@@ -1,4 +1,4 @@
-"""Native RMSNorm and fused residual-add RMSNorm (fp32 / bf16, fp32 math)."""
+"""Native RMSNorm and fused residual-add RMSNorm (fp32 / bf16 / fp16 storage, fp32 math)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import torch
 from engine.core.ops.norm import fused_add_rms_norm, rms_norm
 from engine.platforms.cpu import _native
 
-from ._common import DTYPE_CODE, PRIORITY, empty_rows, isa_note, row_layout_ok, rows_of
+from ._common import PRIORITY, STORAGE_CODE, STORAGE_NAMES, empty_rows, isa_note, row_layout_ok, rows_of
 
 
 def _supports_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 0.0):
     if x.device.type != "cpu" or weight.device.type != "cpu":
         return "tensors must be on the cpu device"
-    if x.dtype not in DTYPE_CODE:
-        return f"dtype {x.dtype} not supported (fp32, bf16)"
+    if x.dtype not in STORAGE_CODE:
+        return f"dtype {x.dtype} not supported ({STORAGE_NAMES})"
     if weight.dtype != x.dtype:
         return f"weight dtype {weight.dtype} differs from x dtype {x.dtype}"
     if x.dim() < 1 or x.shape[-1] == 0:
@@ -33,7 +33,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     out = empty_rows(x)
     hidden = x.shape[-1]
     _native.rms_norm(x2.data_ptr(), stride, weight.contiguous().data_ptr(), out.data_ptr(), hidden,
-                     rows, hidden, eps, DTYPE_CODE[x.dtype])
+                     rows, hidden, eps, STORAGE_CODE[x.dtype])
     return out
 
 
@@ -58,7 +58,7 @@ def _fused_add_rms_norm(x, residual, weight, eps):
     hidden = x.shape[-1]
     _native.fused_add_rms_norm(x2.data_ptr(), xs, r2.data_ptr(), rs, weight.contiguous().data_ptr(),
                                out.data_ptr(), hidden, s.data_ptr(), hidden, rows, hidden, eps,
-                               DTYPE_CODE[x.dtype])
+                               STORAGE_CODE[x.dtype])
     return out, s
 
 

@@ -1,4 +1,4 @@
-"""Native silu_and_mul and rotary_embedding (fp32 / bf16, fp32 math).
+"""Native silu_and_mul and rotary_embedding (fp32 / bf16 / fp16 storage, fp32 math).
 
 Like the attention wrappers, these leave validation to ``supports()`` (cached per shape signature)
 and to the C++ side (first dimensions, positions in range); the only per-call work is the output
@@ -15,14 +15,14 @@ from engine.core.ops.activation import silu_and_mul
 from engine.core.ops.rotary import rotary_embedding
 from engine.platforms.cpu import _native
 
-from ._common import DTYPE_CODE, PRIORITY, isa_note, row_layout_ok, rows_of
+from ._common import PRIORITY, STORAGE_CODE, STORAGE_NAMES, isa_note, row_layout_ok, rows_of
 
 
 def _supports_silu(x):
     if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
         return "x must be a cpu tensor"
-    if x.dtype not in DTYPE_CODE:
-        return f"dtype {x.dtype} not supported (fp32, bf16)"
+    if x.dtype not in STORAGE_CODE:
+        return f"dtype {x.dtype} not supported ({STORAGE_NAMES})"
     if x.dim() < 1 or x.shape[-1] == 0 or x.shape[-1] % 2:
         return "x must be [..., 2*d] with d > 0"
     if not row_layout_ok(x):
@@ -34,7 +34,7 @@ def _silu_and_mul(x):
     x2, rows, stride = rows_of(x)
     d = x.shape[-1] // 2
     out = x.new_empty((x.shape[0], d) if x.dim() == 2 else (*x.shape[:-1], d))
-    _native.silu_and_mul(x2.data_ptr(), stride, out.data_ptr(), d, rows, d, DTYPE_CODE[x.dtype])
+    _native.silu_and_mul(x2.data_ptr(), stride, out.data_ptr(), d, rows, d, STORAGE_CODE[x.dtype])
     return out
 
 
@@ -52,8 +52,8 @@ def _token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 def _supports_rotary(positions, q, k, cos_sin_cache, head_dim, is_neox):
     if not all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in (positions, q, k, cos_sin_cache)):
         return "tensors must be on the cpu device"
-    if q.dtype not in DTYPE_CODE or k.dtype != q.dtype:
-        return f"q/k dtypes {q.dtype}/{k.dtype}: need one of fp32, bf16"
+    if q.dtype not in STORAGE_CODE or k.dtype != q.dtype:
+        return f"q/k dtypes {q.dtype}/{k.dtype}: need one of {STORAGE_NAMES}"
     if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.dim() != 2 or not cos_sin_cache.is_contiguous():
         return "cos_sin_cache must be a contiguous fp32 [max_pos, rot_dim] tensor"
     if positions.dtype != torch.int64 or positions.dim() != 1 or not positions.is_contiguous():
@@ -76,7 +76,7 @@ def _rotary(positions, q, k, cos_sin_cache, head_dim, is_neox):
     _native.rotary_embedding(positions.data_ptr(), positions.shape[0], q2.data_ptr(), qs, q.shape[0],
                              qn // head_dim, q_out.data_ptr(), k2.data_ptr(), ks, k.shape[0], kn // head_dim,
                              k_out.data_ptr(), cos_sin_cache.data_ptr(), max_pos, rot, head_dim, is_neox,
-                             DTYPE_CODE[q.dtype])
+                             STORAGE_CODE[q.dtype])
     return q_out, k_out
 
 

@@ -87,7 +87,7 @@ def test_refusals_fall_back_to_reference(registry, gen):
     k = 64
     raw = random_gguf_weight(5, k, Q4_0, "cpu", gen)
     x = torch.randn(2, k, generator=gen)
-    for args in [(x.half(), raw, Q4_0, k), (x, raw, 6, k), (torch.randn(2, 96), raw, Q4_0, 96),
+    for args in [(x.double(), raw, Q4_0, k), (x, raw, 6, k), (torch.randn(2, 96), raw, Q4_0, 96),
                  (x.to("meta"), raw, Q4_0, k)]:
         assert isinstance(native(registry).verdict(args), str)
         assert registry.select(gguf_linear_q8act, args) is gguf_linear_q8act.reference_impl

@@ -173,7 +173,7 @@ def test_unsupported_inputs_fall_back_to_reference(registry, gen):
     k72 = torch.randn(kc.shape[0], 16, 2, 72, generator=gen)
     k320 = torch.randn(kc.shape[0], 16, 2, 320, generator=gen)
     refused = {
-        "fp16": (q.half(), kc.half(), vc.half(), table, sl, 0.1),
+        "fp64": (q.double(), kc.double(), vc.double(), table, sl, 0.1),
         "head_dim 72": (torch.randn(2, 4, 72, generator=gen), k72, k72, table, sl, 0.1),
         "head_dim 320": (torch.randn(2, 4, 320, generator=gen), k320, k320, table, sl, 0.1),
         "non-contiguous q": (torch.randn(4, 2, 64, generator=gen).transpose(0, 1), kc, vc, table, sl, 0.1),
@@ -186,7 +186,7 @@ def test_unsupported_inputs_fall_back_to_reference(registry, gen):
     kv = torch.randn(3, 2, 64, generator=gen)
     slots = torch.tensor([1, 5, 7])
     impl = native(registry, write_kv_cache)
-    assert impl.verdict((kv.half(), kv.half(), kc.half(), vc.half(), slots)) is not None
+    assert impl.verdict((kv.double(), kv.double(), kc.double(), vc.double(), slots)) is not None
     assert impl.verdict((kv.transpose(0, 1).contiguous().transpose(0, 1), kv, kc, vc, slots)) is not None
     assert impl.verdict((kv, kv, kc, vc, slots.int())) is not None
 

@@ -119,16 +119,16 @@ def test_unsupported_inputs_fall_back_to_reference(gen):
     raw_q4_0 = random_gguf_weight(3, 64, Q4_0, "cpu", gen)
     w = torch.randn(64, generator=gen)
     refused = {
-        "fp16": (rms_norm, (x.half(), w.half(), 1e-6)),
+        "fp64": (rms_norm, (x.double(), w.double(), 1e-6)),  # fp16 is native now (kernels/test_fp16_wrappers.py)
         "non-contiguous": (rms_norm, (x.t().contiguous().t(), w, 1e-6)),
         "3-D permuted": (rms_norm, (x.view(2, 3, 64).transpose(0, 1), w, 1e-6)),
         "weight dtype": (rms_norm, (x, w.bfloat16(), 1e-6)),
         "residual dtype": (fused_add_rms_norm, (x, x.bfloat16(), w, 1e-6)),
-        "dequant fp16": (gguf_dequantize, (raw_q4_0, Q4_0, 64, torch.float16)),
+        "dequant fp64": (gguf_dequantize, (raw_q4_0, Q4_0, 64, torch.float64)),
         "raw column-major": (gguf_dequantize,
                              (random_gguf_weight(3, 64, Q8_0, "cpu", gen).t().contiguous().t(), Q8_0, 64,
                               torch.float32)),
-        "linear fp16": (gguf_linear, (x.half(), random_gguf_weight(5, 64, Q4_1, "cpu", gen), Q4_1, 64)),
+        "linear fp64": (gguf_linear, (x.double(), random_gguf_weight(5, 64, Q4_1, "cpu", gen), Q4_1, 64)),
     }
     for why, (op, args) in refused.items():
         registry = KernelRegistry("cpu")  # fresh: choices are cached by shape, not by layout

@@ -47,7 +47,7 @@ def test_silu_and_mul_empty_and_refusals(registry, gen):
     impl = native(registry, silu_and_mul)
     assert impl.fn(torch.randn(0, 8, generator=gen)).shape == (0, 4)
     x = torch.randn(4, 8, generator=gen)
-    for why, bad in {"fp16": x.half(), "odd": torch.randn(4, 7, generator=gen),
+    for why, bad in {"fp64": x.double(), "odd": torch.randn(4, 7, generator=gen),
                      "transposed": x.t(), "permuted 3-D": x.view(2, 2, 8).transpose(0, 1)}.items():
         assert impl.verdict((bad,)) is not None, why
         assert registry.select(silu_and_mul, (bad,)).platform == "core", why
@@ -108,7 +108,7 @@ def test_rotary_errors_and_refusals(registry, gen):
     with pytest.raises(ValueError, match="number of tokens"):
         impl.fn(pos, q, k[:2], cache, 32, True)
     refused = {
-        "fp16": (pos, q.half(), k.half(), cache, 32, True),
+        "fp64": (pos, q.double(), k.double(), cache, 32, True),
         "bf16 cache": (pos, q.bfloat16(), k.bfloat16(), cache.bfloat16(), 32, True),
         "rot_dim > head_dim": (pos, q, k, build_cos_sin_cache(64, 64, 1e4), 32, True),
         "int32 positions": (pos.int(), q, k, cache, 32, True),
