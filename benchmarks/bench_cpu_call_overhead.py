@@ -4,7 +4,8 @@ Rows, each the median over rounds of the mean of many back-to-back calls, in mic
 - pybind null call (``_native.num_threads()``): the floor of any native call;
 - the raw ``_native.gguf_linear`` on a k=32 n=32 M=1 problem (serial: below the pool's grain), output preallocated;
 - the same through the platform wrapper (checks, ``torch.empty``, pointer marshalling) and through a model
-  ``CallSite`` (one dict lookup more);
+  ``CallSite`` (one dict lookup more), and replayed from a CPU decode graph (platforms/cpu/graph.py: the recorded
+  native call, no wrapper);
 - the thread pool hand-off: a tiny ``silu_and_mul`` just large enough to split over 2 threads, with the pool at
   2 threads vs at 1 (the difference is what waking the worker, claiming chunks and waiting for it cost);
 - each GGUF linear shape of a SmolLM2-135M decode step at 1 and 2 threads, raw (the kernel) vs the wrapper;
@@ -24,6 +25,7 @@ import torch
 from engine.core.ops.gguf_quant import GGUF_QTYPES, gguf_linear
 from engine.core.ops.registry import CallSite
 from engine.platforms.cpu import _native
+from engine.platforms.cpu.graph import capture
 from engine.platforms.cpu.kernels import gguf, small_ops
 
 
@@ -118,6 +120,8 @@ def main() -> None:
     print(f"  same through the wrapper               {_us(lambda: gguf._fused_linear(x, raw, 3, k), c, r):7.2f} us")
     site = CallSite(gguf_linear)
     print(f"  same through a CallSite                {_us(lambda: site(1, x, raw, 3, k), c, r):7.2f} us")
+    replay, _ = capture(lambda: gguf._fused_linear(x, raw, 3, k))
+    print(f"  same replayed from a CPU graph         {_us(replay, c, r):7.2f} us")
 
     d = 2048  # silu_and_mul's grain is 16384 // d = 8 rows: 16 rows make 2 chunks
     xs = torch.randn(16, 2 * d)

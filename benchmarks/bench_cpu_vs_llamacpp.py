@@ -16,16 +16,18 @@ Measures, each system in its own subprocess (so one's threads never compete with
   token) and, for llama.cpp, a process that imports llama_cpp, loads the model, makes a context and decodes the same
   chat prompt to one token. ``--startup-only`` measures (e) alone (a minute instead of ten).
 - (f) engine only: the share of a single-stream decode step spent outside the native kernels (Python, dispatch,
-  allocation, scheduler, sampler): 1 - (native kernel time per token, from cProfile's own time of the pybind calls
-  over one request's decode steps) / (the unprofiled ms/token of the same request run just before).
+  allocation, scheduler, sampler, torch ops such as the sampler's argmax): 1 - (native kernel time per token, every
+  pybind kernel call timed by a perf_counter pair, over one request's decode steps) / (the untimed ms/token of the
+  same request run just before).
 
 The engine runs once per native ISA this CPU runs (``--isas``, default: all but scalar; ENGINE_CPU_ISA forces each)
 and per ``--activation-quant`` choice (default: none and q8), each configuration with its own ratios to llama.cpp.
 
 How each system runs them:
 
-- engine: ``LLM`` (fp32 activations, GGUF kernels, prefix caching off so repeats recompute); (a) and (b) step the
-  engine and time each token's arrival; (c) is one ``LLM.generate`` of the 32 prompts with
+- engine: ``LLM`` (fp32 activations, GGUF kernels, prefix caching off so repeats recompute, decode steps of up to 8
+  sequences replaying recorded kernel calls: the CPU decode graphs; ``--eager`` adds runs without them); (a) and (b)
+  step the engine and time each token's arrival; (c) is one ``LLM.generate`` of the 32 prompts with
   ``SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)``. Threads: ENGINE_NUM_THREADS and
   ``torch.set_num_threads``.
 - llama.cpp: the low-level llama-cpp-python API (``llama_batch_init`` / ``llama_decode``), greedy argmax of the logits
@@ -99,31 +101,58 @@ def _ttft(run, w: dict) -> float:
 
 
 def _host_share(eng, prompt: list[int], n: int, params_cls) -> dict:
-    """(f): one request's decode steps run twice back to back, unprofiled (wall ms per token) and under cProfile
-    (ms per token inside the native kernels: the own time of engine.platforms.cpu._native's pybind functions); the
-    host share is 1 - kernel / wall. Adjacent runs, so a change of load on the machine moves both alike."""
-    import cProfile
-    import pstats
+    """(f): one request's decode steps run with every native kernel timed (ms per token inside
+    engine.platforms.cpu._native's functions, each call wrapped in a perf_counter pair); the host share is
+    1 - kernel / wall of that same run (the wrappers' own ~0.3 us a call count as host time). Measured in one run,
+    so a change of load on the machine moves both alike; the untimed ms/token (best of two runs just before) is
+    reported beside it. The wrappers are installed on the module, where the kernel wrappers look the functions up,
+    and the CPU decode graphs are captured again with them in place, so replayed calls are timed too (cProfile,
+    used before, sees no call a ``functools.partial`` makes from C)."""
+    from engine.platforms.cpu import _native
 
-    def decode(prof=None) -> float:
+    spent = [0.0]
+
+    def decode() -> float:
         eng.add_request(list(prompt), params_cls(temperature=0.0, max_tokens=n, ignore_eos=True))
         eng.step()  # the prefill and first token, not counted
+        spent[0] = 0.0
         t = time.perf_counter()
-        if prof is not None:
-            prof.enable()
         while eng.has_unfinished():
             eng.step()
-        if prof is not None:
-            prof.disable()
         return 1000 * (time.perf_counter() - t) / (n - 1)
 
     wall_ms = min(decode(), decode())
-    prof = cProfile.Profile()
-    decode(prof)
-    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, tottime, cumtime, callers)
-    kernel_ms = 1000 * sum(v[2] for k, v in stats.items() if "engine.platforms.cpu._native" in k[2]) / (n - 1)
-    return {"wall_ms_per_token": wall_ms, "kernel_ms_per_token": kernel_ms, "host_ms_per_token": wall_ms - kernel_ms,
-            "host_share": (wall_ms - kernel_ms) / wall_ms}
+    clock = time.perf_counter
+
+    def timed(fn):
+        def call(*args):
+            t = clock()
+            try:
+                return fn(*args)
+            finally:
+                spent[0] += clock() - t
+        return call
+
+    originals = {k: getattr(_native, k) for k in dir(_native) if not k.startswith("_")
+                 and callable(getattr(_native, k))}
+    graphs = eng.runner.graphs
+    try:
+        for k, fn in originals.items():
+            setattr(_native, k, timed(fn))
+        if graphs is not None and graphs.lazy:
+            graphs.forget()
+            eng.add_request(list(prompt[:8]), params_cls(temperature=0.0, max_tokens=4, ignore_eos=True))
+            while eng.has_unfinished():  # captures the single-stream graph again, through the timed kernels
+                eng.step()
+        timed_wall = decode()
+    finally:
+        for k, fn in originals.items():
+            setattr(_native, k, fn)
+        if graphs is not None and graphs.lazy:
+            graphs.forget()
+    kernel_ms = 1000 * spent[0] / (n - 1)
+    return {"wall_ms_per_token": wall_ms, "timed_wall_ms_per_token": timed_wall, "kernel_ms_per_token": kernel_ms,
+            "host_ms_per_token": timed_wall - kernel_ms, "host_share": (timed_wall - kernel_ms) / timed_wall}
 
 
 def engine_worker(w: dict) -> dict:
@@ -134,7 +163,8 @@ def engine_worker(w: dict) -> dict:
     from engine.core.engine.sampling_params import SamplingParams
 
     t = time.perf_counter()
-    llm = LLM(dtype="float32", enable_prefix_caching=False, activation_quant=w.get("activation_quant", "none"))
+    llm = LLM(dtype="float32", enable_prefix_caching=False, activation_quant=w.get("activation_quant", "none"),
+              enforce_eager=w.get("eager", False))
     load = time.perf_counter() - t
     from engine.platforms.cpu import _native
     if w.get("startup_only"):
@@ -460,6 +490,8 @@ def table(res: dict, a) -> str:
         ("(f) engine host overhead: % of a decode step outside native kernels",
          lambda r: None if get(r, "host", "host_share") is None else 100 * r["host"]["host_share"], None),
         ("(f) engine native kernels, ms per decode token", lambda r: get(r, "host", "kernel_ms_per_token"), None),
+        ("(f) engine host (outside the kernels), ms per decode token", lambda r: get(r, "host", "host_ms_per_token"),
+         None),
     ]
     if a.startup_only:
         rows = [r for r in rows if r[0].startswith("(e)")]
@@ -502,6 +534,9 @@ def main(argv=None) -> int:
                    help="comma-separated ENGINE_CPU_ISA values for the engine runs (default: every one this CPU runs "
                         "but scalar)")
     p.add_argument("--activation-quant", default="none,q8", help="comma-separated engine activation_quant values")
+    p.add_argument("--eager", action="store_true",
+                   help="also run each engine configuration with enforce_eager=True (no CPU decode graphs), labelled "
+                        "'eager': the graphs' before/after in one run")
     p.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp (no ratios)")
     p.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     p.add_argument("--startup-only", action="store_true", help="measure (e), the start-up, alone")
@@ -547,11 +582,14 @@ def main(argv=None) -> int:
     for isa in isas:
         startup = generate_startup(isa, a.threads, a.repeat)
         for aq in a.activation_quant.split(","):
-            env = {"ENGINE_CPU_ISA": isa}
-            r = (startup_worker("engine", dict(spec, activation_quant=aq), a.threads, a.repeat, env)
-                 if a.startup_only else run_worker("engine", dict(spec, activation_quant=aq), a.threads, env))
-            r["generate_startup_s"] = startup
-            res["engines"][f"engine {isa}" + ("" if aq == "none" else f" {aq}")] = r
+            for eager in (False, True) if a.eager else (False,):
+                env = {"ENGINE_CPU_ISA": isa}
+                wspec = dict(spec, activation_quant=aq, eager=eager)
+                r = (startup_worker("engine", wspec, a.threads, a.repeat, env)
+                     if a.startup_only else run_worker("engine", wspec, a.threads, env))
+                r["generate_startup_s"] = startup
+                label = f"engine {isa}" + ("" if aq == "none" else f" {aq}") + (" eager" if eager else "")
+                res["engines"][label] = r
     if a.no_llamacpp:
         res["llama.cpp"] = None
     elif a.startup_only:

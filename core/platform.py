@@ -35,6 +35,12 @@ class Platform:
     memory_sized_kv_cache: ClassVar[bool] = False
     # True: decode steps are captured as device graphs and replayed (capture_graph works here).
     device_graphs: ClassVar[bool] = False
+    # True: capture_graph(fn) also does fn's work (its outputs are real), so a batch-size bucket is captured
+    # on its first real use instead of at start-up (engine/decode_graphs.py). False: capture only records.
+    graph_capture_computes: ClassVar[bool] = False
+    # Graphs for decode batches of at most this many sequences (None: up to max_num_seqs); larger batches run
+    # eagerly, where the per-kernel host cost is small beside the kernels' own.
+    graph_max_batch: ClassVar[int | None] = None
     # True: the engine's default is async scheduling (a step's host work overlaps the previous step's device
     # work; LLMEngine). It pays where kernels run after the host queues them; on the host it only adds work.
     async_scheduling: ClassVar[bool] = False

@@ -8,6 +8,11 @@ width is the one for ``max_model_len``, so any sequence fits.
 
 Capture needs every op on the decode path to be capture-safe (no host reads); the platform decides whether it
 can capture at all (``Platform.capture_graph``). When a capture fails the runner says why once and stays eager.
+
+Where a capture also computes (``Platform.graph_capture_computes``: the CPU records its kernel calls while running
+them), nothing is captured at start-up: a bucket's first real step runs eagerly (resolving every call site's kernel
+outside the capture), its second is the capture, and later ones replay. Start-up pays nothing, and only the
+buckets a workload uses hold memory.
 """
 
 from __future__ import annotations
@@ -68,9 +73,13 @@ class DecodeGraphs:
         self.rows = torch.arange(big, dtype=torch.int64, device=dev)
         self.graphs: dict[int, tuple] = {}  # bucket -> (replay, logits)
         self.disabled: str | None = None
+        self.lazy = platform.graph_capture_computes
+        self._warm: set[int] = set()  # lazy: buckets whose eager first step has run
 
     def capture(self) -> None:
-        """Capture every bucket, largest first (later ones reuse its memory pool)."""
+        """Capture every bucket, largest first (later ones reuse its memory pool); lazily: nothing yet."""
+        if self.lazy:
+            return
         pool = None
         for b in sorted(self.buckets, reverse=True):
             try:
@@ -92,7 +101,19 @@ class DecodeGraphs:
         hidden = self.model.forward(self.ids[:b], batch, self.kv_caches)
         return self.model.logits(hidden)
 
+    def forget(self) -> None:
+        """Lazy graphs only: drop the captured buckets, so each is captured again on its next uses (a tool that
+        wraps the kernels to time them does this to time the replayed calls too)."""
+        if not self.lazy:
+            raise RuntimeError("DecodeGraphs.forget: graphs captured at start-up cannot be captured again")
+        self.graphs.clear()
+        self._warm.clear()
+
     def bucket_for(self, n: int) -> int | None:
+        if self.disabled is not None:
+            return None
+        if self.lazy:
+            return next((b for b in self.buckets if b >= n), None)
         if not self.graphs:
             return None
         return next((b for b in self.buckets if b >= n and b in self.graphs), None)
@@ -128,6 +149,26 @@ class DecodeGraphs:
                 self.ids[:k].copy_(tokens[:k])
             else:
                 self.ids.index_copy_(0, self._dst[:k], tokens.index_select(0, self._src[:k]))
-        replay, logits = self.graphs[b]
+        entry = self.graphs.get(b)
+        if entry is None:  # lazy: not captured yet
+            return self._first_uses(b)[:n]
+        replay, logits = entry
         replay()
         return logits[:n]
+
+    def _first_uses(self, b: int) -> torch.Tensor:
+        """A lazy bucket's first step (eager) or second (the capture, which computes it); its logits."""
+        if b not in self._warm:
+            self._warm.add(b)
+            return self._forward(b)
+        try:
+            replay, logits, _ = self.platform.capture_graph(lambda: self._forward(b))
+        except Exception as exc:
+            self.graphs.clear()
+            self.disabled = f"{type(exc).__name__}: {exc}"
+            log.warning("decode graphs disabled, decode runs eagerly: capture of batch size %d failed: %s",
+                        b, self.disabled)
+            # The capture may have stopped midway; the step again, eagerly (its KV writes repeat the same values).
+            return self._forward(b)
+        self.graphs[b] = (replay, logits)
+        return logits

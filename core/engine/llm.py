@@ -60,8 +60,9 @@ class LLM:
     either, a GPU-like platform sizes the cache from its free memory: ``gpu_memory_utilization`` is the fraction
     of the device's total memory the engine may use for weights, activations and cache (vLLM's meaning); a host
     platform takes 1 GiB. A model or cache that does not fit is a DeviceMemoryError before anything large is
-    allocated on the device. On platforms with device graphs, decode steps of up to ``max_num_seqs`` sequences are
-    captured once per batch-size bucket and replayed; ``enforce_eager=True`` (vLLM's name) turns that off.
+    allocated on the device. On platforms with device graphs, decode steps of up to ``max_num_seqs`` sequences
+    (``Platform.graph_max_batch`` at most: 8 on the CPU, whose "graphs" replay recorded kernel calls) are captured
+    once per batch-size bucket and replayed; ``enforce_eager=True`` (vLLM's name) turns that off.
     ``activation_quant``: for GGUF-quantized weights, "q8" rounds activations to Q8 blocks before each quantized
     matmul (integer dot products, as llama.cpp computes on CPUs), "none" (default) keeps them in ``dtype``, "auto"
     is "q8" where the platform has a kernel for it and "none" elsewhere. Q8 rounding can turn a last-bit difference
@@ -109,7 +110,9 @@ class LLM:
         self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
         self.runner = ModelRunner(self.model, num_kv_blocks, block_size)
         if self.platform.device_graphs and not enforce_eager:
-            self.runner.enable_graphs(self.platform, self.max_model_len, max_num_seqs)
+            cap = self.platform.graph_max_batch
+            self.runner.enable_graphs(self.platform, self.max_model_len,
+                                      max_num_seqs if cap is None else min(max_num_seqs, cap))
         eos = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,

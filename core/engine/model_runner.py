@@ -88,7 +88,7 @@ class ModelRunner:
         with torch.inference_mode():
             graphs = DecodeGraphs(platform, self.model, self.kv_caches, self.block_size, max_model_len, max_num_seqs)
             graphs.capture()
-        self.graphs = graphs if graphs.graphs else None
+        self.graphs = graphs if graphs.graphs or graphs.lazy else None
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, list[int]] | None = None,

@@ -38,11 +38,11 @@ class Sampler:
         greedy = [i for i, p in enumerate(params) if p.greedy]
         rand = [i for i, p in enumerate(params) if not p.greedy]
         if not rand:
-            return logits.argmax(dim=-1)
+            return _argmax(logits)
         out = torch.empty(len(seqs), dtype=torch.int64, device=device)
         if greedy:
             g = _on_device(greedy, device)
-            out[g] = logits[g].argmax(dim=-1)
+            out[g] = _argmax(logits[g])
         r = _on_device(rand, device) if greedy else None
         x = (logits if r is None else logits[r]).float()
         probs = sampling_probs(x, [params[i] for i in rand])
@@ -126,6 +126,15 @@ class DeviceSample:
         for j, (i, kk) in enumerate(zip(self.want, self.ks, strict=True)):
             out[i] = (chosen[j], rank[j], list(zip(top_i[j][:kk], top_v[j][:kk], strict=True)))
         return host, out
+
+
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    """The argmax of each row of [N, V] logits, int64. Host fp32 rows go through numpy: the same answer (the first
+    maximum; a NaN counts as the maximum) in ~8 us a 49k-token row instead of torch's ~100 us (measured on a 2-core
+    Xeon, issue 11), a step's largest host cost after the model's."""
+    if x.is_cpu and x.dtype == torch.float32 and x.dim() == 2:
+        return torch.from_numpy(x.numpy().argmax(axis=-1))
+    return x.argmax(dim=-1)
 
 
 def _on_device(values: list, device: torch.device) -> torch.Tensor:

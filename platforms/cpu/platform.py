@@ -17,6 +17,13 @@ class CpuPlatform(Platform):
     priority = 10
     description = "host CPU; native C++ kernels with runtime ISA dispatch"
     dist_backend = "gloo"
+    fp16_linear_rule = "cpu"  # which measured rule routes fp16 dense linears to the native kernel (kernels/linear.py)
+    # Decode steps of up to 8 sequences replay a recorded list of native calls (graph.py): the Python between
+    # the ~300 kernels of a step was a quarter to a third of a single-stream step. Larger batches run eagerly;
+    # there the kernels dominate and each bucket would keep ~1.4 MB per sequence of intermediates alive.
+    device_graphs = True
+    graph_capture_computes = True
+    graph_max_batch = 8
 
     def __init__(self):
         # Settings are checked here, when the platform is chosen, so a bad ENGINE_CPU_ISA / ENGINE_NUM_THREADS is
@@ -68,7 +75,15 @@ class CpuPlatform(Platform):
         out["native_threads"] = f"{_native.num_threads()} (ENGINE_NUM_THREADS sets it)"
         return out
 
+    def capture_graph(self, fn, pool=None):
+        """Record ``fn()``'s native kernel calls (and the torch work between them) to replay (graph.py). ``fn``
+        runs for real; no memory pool (the recorded intermediates are kept alive by the replay)."""
+        from .graph import capture
+
+        replay, out = capture(fn)
+        return replay, out, None
+
     def register_kernels(self, registry) -> None:
         from .kernels import register
 
-        register(registry)
+        register(registry, fp16_linear_rule=self.fp16_linear_rule)

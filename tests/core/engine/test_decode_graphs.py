@@ -1,8 +1,9 @@
 """Decode graphs: the static buffers, buckets and padding give the same tokens as eager decode.
 
-The host has no device graphs, so a CPU platform whose "graph" re-runs the captured function into the captured
-output buffers stands in: everything but the GPU's own capture machinery (static inputs, padding rows that write
-nothing, bucket choice, the output view) is exercised for real."""
+A CPU platform whose "graph" re-runs the captured function into the captured output buffers stands in for a GPU
+(captured at start-up): everything but the GPU's own capture machinery (static inputs, padding rows that write
+nothing, bucket choice, the output view) is exercised for real. The CPU platform's own graphs (recorded kernel
+calls, captured lazily on a bucket's second use) are tested at the end."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from engine.platforms.cpu.platform import CpuPlatform
 
 class ReplayingCpu(CpuPlatform):
     device_graphs = True
+    graph_capture_computes = False  # like a GPU: every bucket captured at start-up
+    graph_max_batch = None
 
     def __init__(self):
         self.captures = 0
@@ -34,6 +37,8 @@ class ReplayingCpu(CpuPlatform):
 
 class FailingCapture(CpuPlatform):
     device_graphs = True
+    graph_capture_computes = False
+    graph_max_batch = None
 
     def capture_graph(self, fn, pool=None):
         raise RuntimeError("operation not permitted when stream is capturing")
@@ -88,3 +93,40 @@ def test_bucket_choice(n, model_dir):
     llm = LLM(model_dir, kv_cache_bytes=32 << 20, max_num_seqs=4, platform=platform)
     assert llm.runner.graphs.bucket_for(n) == n
     assert llm.runner.graphs.bucket_for(5) is None
+
+
+class FailingLazyCapture(CpuPlatform):
+    def capture_graph(self, fn, pool=None):
+        fn()  # stops after doing part of the work, as a refused capture does
+        raise RuntimeError("a CPU graph cannot capture item")
+
+
+def _long_run(llm, prompts, n=12):
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+def test_cpu_graphs_are_captured_lazily_and_replay_the_eager_tokens(model_dir):
+    eager = _long_run(LLM(model_dir, kv_cache_bytes=32 << 20, enforce_eager=True), PROMPTS)
+    llm = LLM(model_dir, kv_cache_bytes=32 << 20)
+    graphs = llm.runner.graphs
+    assert graphs is not None and graphs.lazy and not graphs.graphs  # nothing captured at start-up
+    assert graphs.buckets == [1, 2, 4, 8]  # CpuPlatform.graph_max_batch
+    assert graphs.bucket_for(9) is None
+    calls = []
+    forward = graphs._forward
+    graphs._forward = lambda b: calls.append(b) or forward(b)
+    assert _long_run(llm, PROMPTS) == eager
+    assert list(graphs.graphs) == [4]  # 3 sequences ride bucket 4: eager first, then captured, then replayed
+    assert calls == [4, 4]  # the later 9 decode steps replayed without running the model's Python
+    assert _long_run(llm, PROMPTS[:1]) == eager[:1]
+    assert sorted(graphs.graphs) == [1, 4]
+
+
+def test_a_failed_lazy_capture_falls_back_to_eager_and_says_why(caplog, model_dir):
+    eager = _long_run(LLM(model_dir, kv_cache_bytes=32 << 20, enforce_eager=True), PROMPTS)
+    with caplog.at_level("WARNING", logger="engine"):
+        llm = LLM(model_dir, kv_cache_bytes=32 << 20, platform=FailingLazyCapture())
+        assert _long_run(llm, PROMPTS) == eager
+    assert "decode graphs disabled" in caplog.text and "cannot capture item" in caplog.text
+    assert llm.runner.graphs.bucket_for(1) is None and not llm.runner.graphs.graphs

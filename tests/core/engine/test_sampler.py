@@ -156,3 +156,19 @@ def test_seeded_requests_ignore_batch_composition():
 def test_rejects_mismatched_batch():
     with pytest.raises(ValueError, match="logits must be"):
         Sampler().sample(torch.randn(3, 10), _seqs(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_picks_torchs_argmax_with_ties_nan_and_inf(dtype):
+    """Greedy rows take the first maximum (host fp32 rows through numpy): ties, NaN and all -inf rows as torch."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    x = torch.randn(6, 3000, generator=gen).to(dtype)
+    cols = torch.randint(0, 3000, (6, 4), generator=gen)
+    x[0, cols[0]] = x[0].max() + 1  # a tie of four maxima
+    x[1, cols[1, :2]] = float("nan")
+    x[2] = float("-inf")
+    x[3, cols[3]] = float("inf")
+    with torch.inference_mode():
+        got = Sampler().sample(x, _seqs(6, temperature=0.0))
+    assert got.dtype == torch.int64 and torch.equal(got, x.argmax(dim=-1))
+    assert got[0] == cols[0].min() and got[1] == cols[1, :2].min()

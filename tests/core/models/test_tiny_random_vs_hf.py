@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from engine import LLM
+from engine import LLM, SamplingParams
 
 transformers = pytest.importorskip("transformers")
 
@@ -76,3 +76,21 @@ def test_sliding_window_caps_the_context(tmp_path):
     assert llm.max_model_len == 48
     with pytest.raises(ValueError, match="context holds 48"):
         llm.generate(list(range(60)))
+
+
+def test_replayed_decode_steps_give_the_eager_tokens(tiny_model):
+    """Every family's decode path (MoE routing, q/k norm, biases, tied embeddings) replays correctly where a
+    platform records decode graphs by running them (the CPU: recorded kernel calls)."""
+    name, _, path = tiny_model
+    gen = torch.Generator().manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (5, 19, 2)]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    runs = {}
+    for eager in (True, False):
+        llm = LLM(str(path), dtype="float32", num_kv_blocks=64, block_size=16, enforce_eager=eager)
+        runs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        runs[eager] += [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params)]
+    if not llm.platform.graph_capture_computes:
+        pytest.skip(f"platform {llm.platform.name} captures its graphs at start-up (tests/core/engine covers it)")
+    assert sorted(llm.runner.graphs.graphs) == [1, 4], name  # both buckets were captured and replayed
+    assert runs[False] == runs[True], name
