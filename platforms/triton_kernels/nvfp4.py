@@ -37,8 +37,9 @@ NATIVE_PRIORITY = PRIORITY + 10
 
 # Rows of x up to which the CUDA-core GEMV runs. Its cost grows with every row (an FMA and an x conversion per weight
 # value per row), the tensor-core kernel's does not. H200, 2026-12-01 (4096x14336 / 14336x4096, bf16): GEMV 24.7 /
-# 23.4 us at M = 1, 37.9 / 37.2 at M = 2, 83 / 76 at M = 4; tensor cores 57 / 60 us for any M <= 16.
-GEMV_MAX_M = 2
+# 23.3 us at M = 1, 37.8 / 36.9 at M = 2; tensor cores (DOT_ASM + DOT_SBLK) 33.0 / 33.6 us at M = 1, 32.8 / 33.4 at
+# M = 2 and about the same up to M = 16 (57 / 60 us before those two).
+GEMV_MAX_M = 1
 # GEMV tile: rows of W per program, 16-element blocks per loop step (BLOCK_B * 8 bytes of each row), warps. The same
 # sweep: 4 rows x 128 blocks x 4 warps beat the former 8 x 256 x 8 with prefetch (38 us) by 1.55x at M = 1.
 GEMV_BLOCK_N = 4
@@ -51,6 +52,11 @@ DOT_BLOCK_T = 16
 DOT_WARPS = 4
 DOT_STAGES = 3
 DOT_KORDER = True
+# bf16 / fp16 x: words decoded by inline PTX into scaled 16-bit pairs (DOT_ASM), and each block scale loaded once and
+# widened to its two words (DOT_SBLK) instead of once per word. Together 57 -> 32.7 us (M = 4 and 16, 4096x14336):
+# the per-word scale loads kept L1 at 88% (Nsight Compute, 2026-12-01).
+DOT_ASM = True
+DOT_SBLK = True
 GEMV_STAGES = 2
 GEMV_PREFETCH = False  # register double-buffer of the weight words and scales (slower in the sweep: more registers)
 # Programs wanted per SM before split-K stops adding splits. The measured 18%-of-bandwidth numbers came from too few
@@ -168,7 +174,9 @@ def supports_quantize(device_type: str):
 # ``e2m1 * 2**-14`` exactly (code 1 is an fp16 subnormal). Block scales are decoded in 32-bit arithmetic too:
 # ``(s & 0x7F) << 20`` read as fp32 is ``scale * 2**-120`` (an fp32 subnormal for e4m3 subnormals; Triton emits no
 # flush-to-zero), times a power of two. Performance notes (sm_90 SASS, read with ptxas/cuobjdump on a CPU host, not
-# timed): the GEMV loop runs ~6 instructions per weight value at M = 1, the tensor-core loop ~7 for any M <= 16.
+# timed): the GEMV loop runs ~6 instructions per weight value at M = 1; the tensor-core loop (Triton 3.6) 560
+# instructions per 64 values a thread with the Triton decode, 422 with the PTX one and once-per-block scales
+# (``_decode_scaled_asm``: 2 shifts + 2 masks per pair and one packed multiply by the scale, no fp32 round trip).
 
 _M80 = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as int32
 _MFF = tl.constexpr(-0xFF0100)  # 0xFF00FF00 as int32
@@ -300,6 +308,59 @@ def _gemv_store(acc, m, f, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr
         tl.store(out_ptr + m * stride_om + rows, res.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def _asm_decode_text(bf16: bool) -> str:
+    """PTX: int32 word $8 (8 codes) and a 16-bit scale $9 -> the 8 scaled values $0..$7 (element order). Codes i and
+    i + 4 become one 16-bit pair by two shifts and masks (sign to bit 15, e1.e0.m to the exponent's low bits and the
+    mantissa's top bit: bf16 ``e2m1 * 2**-126``, fp16 ``e2m1 * 2**-14``, subnormal for code 1), then one packed
+    multiply by the scale pair."""
+    em_mask, em_shift = ("0x01C001C0", 6) if bf16 else ("0x0E000E00", 9)
+    lines = ["{", ".reg .b32 a, b, h, s2;", "mov.b32 s2, {$9, $9};"]
+    for i in range(4):
+        sh = em_shift - 4 * i
+        lines.append(f"shl.b32 a, $8, {sh};" if sh >= 0 else f"shr.b32 a, $8, {-sh};")
+        lines.append(f"and.b32 a, a, {em_mask};")
+        sg = 12 - 4 * i
+        lines.append(f"shl.b32 b, $8, {sg};" if sg else "mov.b32 b, $8;")
+        lines += ["and.b32 b, b, 0x80008000;", "or.b32 h, a, b;",
+                  f"mul.rn.{'bf16x2' if bf16 else 'f16x2'} h, h, s2;", f"mov.b32 {{${i}, ${i + 4}}}, h;"]
+    return "\n".join(lines + ["}"])
+
+
+_ASM_BF16 = tl.constexpr(_asm_decode_text(True))
+_ASM_F16 = tl.constexpr(_asm_decode_text(False))
+
+
+@triton.jit
+def _decode_scaled_asm(w, s16):
+    """int32 words and 16-bit scales (x's dtype, from :func:`_asm_scale_factor`) -> 8 planes of scaled values."""
+    if s16.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(_ASM_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, s16],
+                                         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise(_ASM_F16, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, s16],
+                                         dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def _asm_scale_factor(DT: tl.constexpr):
+    """What the block scale is multiplied by before it becomes x's dtype: bf16 codes are ``e2m1 * 2**-126``, scaled
+    by ``scale * 2**116`` (<= 448 * 2**116, inside bf16's range) to ``e2m1 * scale * 2**-10``; fp16 codes are
+    ``e2m1 * 2**-14``, scaled by ``scale * 2**7`` (<= 57344) to ``e2m1 * scale * 2**-7``. Exact both ways (6
+    significant bits, multiples of 2**-20 / 2**-17)."""
+    if DT == tl.bfloat16:
+        return 8.307674973655724e34  # 2**116
+    else:
+        return 128.0
+
+
+@triton.jit
+def _asm_unshift(DT: tl.constexpr):
+    if DT == tl.bfloat16:
+        return 1024.0
+    else:
+        return 128.0
+
+
 @triton.jit
 def _dot_step(acc, v, s, xp, xmask, DT: tl.constexpr, INTERPRET: tl.constexpr):
     a = (v * s).to(DT)  # e2m1 * scale * 2**-14: 6 significant bits, multiples of 2**-24: exact in bf16, fp16, fp32
@@ -326,12 +387,19 @@ def _k_order(v0, v1, v2, v3, v4, v5, v6, v7):
 @triton.jit
 def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, KW, stride_xm, stride_wn, stride_sn,
                 stride_om, words_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, KORDER: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, KORDER: tl.constexpr,
+                ASM: tl.constexpr = False, SBLK: tl.constexpr = False):
     """Tensor cores, swap AB: out^T tile [BLOCK_N, BLOCK_M] += W [BLOCK_N, K step] @ x^T [K step, BLOCK_M]. A K step
     is BLOCK_T words; it is eight dots, one per nibble position e, against the x^T rows 8t + e (the order of the terms
     of a dot product is free, so the codes are never interleaved back into K order). Program (pid_n, pid_m, pid_k)
     covers words pid_k * words_per_split ..; with SPLIT, fp32 partials (already times the final factor) go to
-    part_ptr [splits, M, N] and _splitk_reduce_kernel sums them."""
+    part_ptr [splits, M, N] and _splitk_reduce_kernel sums them.
+
+    ASM (bf16 / fp16 x, KORDER; never under the interpreter): the words are decoded by :func:`_decode_scaled_asm`
+    straight into scaled 16-bit pairs. SBLK (KORDER only): the block scales are loaded once per block
+    ([BLOCK_N, BLOCK_T / 2]) and widened to the words by a join, not loaded once per word. With the plane-wise dots
+    (KORDER off) SBLK computed wrong results on the H200 (Triton 3.6, 2026-12-01; right under the interpreter), so
+    the host never asks for that pair."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -354,9 +422,22 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
         m2 = rmask[:, None] & tmask[None, :]
         w = tl.load(w_rows + t[None, :], mask=m2, other=0)
         # the scale itself (2**120 undoes the bits' 2**-120); the codes keep their 2**-14
-        s = _scale_bits(tl.load(s_rows + (t // 2)[None, :], mask=m2, other=0).to(tl.int32)) * 1.329227995784916e36
-        v0, v1, v2, v3, v4, v5, v6, v7 = _decode_words(w)
-        if KORDER:
+        if SBLK:  # one load per 16-element block (two words), widened to the words by a join
+            bk = k0w // 2 + tl.arange(0, BLOCK_T // 2)
+            sh = tl.load(s_rows + bk[None, :], mask=rmask[:, None] & (bk * 2 < t_end)[None, :], other=0)
+            sh = _scale_bits(sh.to(tl.int32)) * 1.329227995784916e36
+            s = tl.reshape(tl.join(sh, sh), [BLOCK_N, BLOCK_T])
+        else:
+            s = _scale_bits(tl.load(s_rows + (t // 2)[None, :], mask=m2, other=0).to(tl.int32)) * 1.329227995784916e36
+        if ASM:
+            # planes of e2m1 * scale * 2**-10 (bf16) / 2**-7 (fp16), exact; see _asm_scale_factor
+            p0, p1, p2, p3, p4, p5, p6, p7 = _decode_scaled_asm(w, (s * _asm_scale_factor(DT)).to(DT))
+            kk = k0w * 8 + tl.arange(0, 8 * BLOCK_T)
+            xmask = ((kk // 8) < t_end)[:, None] & mmask[None, :]  # constant over each word's 8: 16-byte loads
+            xt = tl.load(x_cols + kk[:, None], mask=xmask, other=0.0)
+            acc = tl.dot(_k_order(p0, p1, p2, p3, p4, p5, p6, p7), xt, acc)
+        elif KORDER:
+            v0, v1, v2, v3, v4, v5, v6, v7 = _decode_words(w)
             # the eight nibble planes interleaved back into K order: one K = 8 * BLOCK_T dot against x^T read
             # contiguously (the plane-wise dots read x^T at a stride of 8 elements, 2 useful bytes per sector)
             kk = k0w * 8 + tl.arange(0, 8 * BLOCK_T)
@@ -364,6 +445,7 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
             acc = _dot_step(acc, _k_order(v0, v1, v2, v3, v4, v5, v6, v7), _k_order(s, s, s, s, s, s, s, s),
                             x_cols + kk[:, None], xmask, DT, INTERPRET)
         else:
+            v0, v1, v2, v3, v4, v5, v6, v7 = _decode_words(w)
             xp = x_cols + (t * 8)[:, None]
             xmask = tmask[:, None] & mmask[None, :]
             acc = _dot_step(acc, v0, s, xp, xmask, DT, INTERPRET)
@@ -374,7 +456,10 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
             acc = _dot_step(acc, v5, s, xp + 5, xmask, DT, INTERPRET)
             acc = _dot_step(acc, v6, s, xp + 6, xmask, DT, INTERPRET)
             acc = _dot_step(acc, v7, s, xp + 7, xmask, DT, INTERPRET)
-    res = acc * tl.math.div_rn(16384.0, tl.load(gs_ptr))  # undo the codes' 2**-14, divide by the global scale
+    if ASM:
+        res = acc * tl.math.div_rn(_asm_unshift(DT), tl.load(gs_ptr))
+    else:
+        res = acc * tl.math.div_rn(16384.0, tl.load(gs_ptr))  # undo the codes' 2**-14, divide by the global scale
     omask = rmask[:, None] & mmask[None, :]
     if SPLIT:
         tl.store(part_ptr + (pid_k * M + ms.to(tl.int64))[None, :] * N + rows[:, None], res, mask=omask)
@@ -451,7 +536,7 @@ def dot_config(m: int, dtype: torch.dtype) -> dict:
         return dict(block_m=min(block_m, 64), block_n=64, block_t=16, num_warps=8, num_stages=2, korder=False)
     if block_m == 16:
         return dict(block_m=16, block_n=DOT_BLOCK_N, block_t=DOT_BLOCK_T, num_warps=DOT_WARPS, num_stages=DOT_STAGES,
-                    korder=DOT_KORDER)
+                    korder=DOT_KORDER, asm=DOT_ASM, sblk=DOT_SBLK)
     return dict(block_m=block_m, block_n=128, block_t=16 if block_m == 128 else 32, num_warps=8, num_stages=3,
                 korder=False)
 
@@ -513,6 +598,8 @@ def w4a16_linear(x, w_packed, w_block_scale, w_global_scale, bias=None, *, kerne
         x, words, scales, gs, bias_arg, out, part, m, n, kw, x.stride(0), words.stride(0), scales.stride(0),
         out.stride(0), per_split, HAS_BIAS=has_bias, SPLIT=splits > 1, INTERPRET=interpreting(),
         BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"], BLOCK_T=dc["block_t"], KORDER=dc["korder"],
+        ASM=bool(dc.get("asm")) and dc["korder"] and x.dtype in (torch.bfloat16, torch.float16) and not interpreting(),
+        SBLK=bool(dc.get("sblk")) and dc["korder"],  # wrong with the plane-wise dots on the H200: see _dot_kernel
         num_warps=dc["num_warps"], num_stages=dc["num_stages"])
     return splitk_reduce(part, bias, out) if splits > 1 else out
 

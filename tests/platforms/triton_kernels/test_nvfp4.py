@@ -144,6 +144,26 @@ def test_both_kernels_all_codes_and_scales(kernel, seed):
         torch.testing.assert_close(got.float() / scale, want.float() / scale, atol=tol.atol, rtol=tol.rtol)
 
 
+@pytest.mark.parametrize("cfg", [{"asm": False, "sblk": False}, {"asm": True, "sblk": False},
+                                 {"asm": False, "sblk": True}, {"asm": True, "sblk": True, "splits": 3},
+                                 {"asm": True, "korder": False}],
+                         ids=["triton_decode", "asm", "sblk", "asm_sblk_split", "planes"])
+def test_dot_decode_variants(cfg, seed):
+    """The tensor-core kernel's decode variants: the inline-PTX decode (GPU only; the interpreter runs the Triton
+    decode) and the once-per-block scale loads, on every code and every scale (subnormals too), for each x dtype;
+    K order off falls back to the plane-wise dots."""
+    g = _gen(seed)
+    w, bs = _random_codes_and_scales(40, 512, g)
+    gs = torch.tensor([5.1], device=DEVICE)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x = torch.randn(5, 512, generator=g).to(dtype).to(DEVICE)
+        got = kmod.w4a16_linear(x, w, bs, gs, None, kernel="dot", config=dict(cfg, block_n=16))
+        want = _nvfp4_linear_ref(x, w, bs, gs, None)
+        tol = nvfp4_linear.tolerances[torch.bfloat16 if dtype == torch.float16 else dtype]  # the op lists no fp16
+        scale = want.float().abs().max().item()
+        torch.testing.assert_close(got.float() / scale, want.float() / scale, atol=tol.atol, rtol=tol.rtol)
+
+
 def test_gemv_split_k(seed):
     """Few rows of W and a long K: the GEMV splits K and sums fp32 partials (then adds the bias)."""
     n, k = 7, 2048

@@ -1,0 +1,170 @@
+"""One-call GPU sweep of the FP8 block-scaled GEMM and NVFP4 W4A16 variants, each checked against the op's
+reference and timed beside its peer in the same process (``_scaled_mm`` per-tensor / cuBLAS bf16).
+
+    python benchmarks/gpu/quant_sweep.py fp8     # FP8 block-scaled GEMM tile / stage variants at 4096^3 and 8192^3
+    python benchmarks/gpu/quant_sweep.py nvfp4   # NVFP4 tensor-core decode variants (and the GEMV), M = 1, 2, 4, 16
+
+Rows are printed as they come (a compiler crash in one variant then loses only what follows it) and written to
+$OUT/sweep_<mode>.json when OUT is set. ``err`` is ||out - ref|| / ||ref|| against the op's reference on fresh
+random inputs; a variant marked WRONG must not become a default. The nvfp4 mode ends with a DECISION line: the
+tensor-core variant with the best geometric-mean speed-up over the first (the old default) at M = 4 and 16, and the
+GEMV_MAX_M at which it beats the GEMV on both shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+FP8_SIZES = (4096, 8192)
+WRONG = 5e-3
+
+
+def _fp8_configs() -> list[dict]:
+    """Block-scaled GEMM tiles (BLOCK_M, BLOCK_N, warps, stages, GROUP_M), all through tensor descriptors."""
+    grid = [(64, 128, 4, 4, 8), (64, 128, 4, 3, 8), (64, 128, 4, 5, 8), (64, 128, 4, 6, 8), (64, 128, 4, 4, 4),
+            (64, 128, 4, 4, 16), (128, 128, 8, 3, 8), (128, 128, 8, 4, 8), (64, 256, 8, 3, 8), (64, 256, 8, 4, 8),
+            (128, 256, 8, 3, 8), (128, 64, 4, 4, 8)]
+    return [dict(BLOCK_K=128, TMA=True, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, GROUP_M=g)
+            for bm, bn, w, st, g in grid]
+
+
+def fp8_rows() -> list[dict]:
+    from benchmarks.gpu.fp8 import _operands, _rel_err, _us
+    from engine.platforms.triton_kernels import fp8_linear as fl
+
+    gen = torch.Generator(device="cuda").manual_seed(int(time.time()))
+    rows = []
+    for s in FP8_SIZES:
+        xt, xts, wt, wts, _ = _operands(s, s, s, gen, "tensor", "tensor")
+        peer = _us(functools.partial(torch._scaled_mm, xt, wt.t(), scale_a=xts, scale_b=wts, out_dtype=torch.bfloat16))
+        args = _operands(s, s, s, gen, ("block", torch.float8_e4m3fn, (1, 128)),
+                         ("block", torch.float8_e4m3fn, (128, 128)))
+        for cfg in [None] + _fp8_configs():
+            name = "default" if cfg is None else json.dumps(cfg, sort_keys=True)
+            try:
+                err = _rel_err(fl.triton_fp8_linear(*args, torch.bfloat16, config=cfg), args)
+                us = _us(functools.partial(fl.triton_fp8_linear, *args, torch.bfloat16, config=cfg))
+            except Exception as exc:  # out of shared memory, a compiler refusal
+                _emit(rows, dict(op="fp8", shape=s, cfg=name, error=f"{type(exc).__name__}: {str(exc)[:150]}"))
+                continue
+            _emit(rows, dict(op="fp8", shape=s, cfg=name, us=round(us, 2), peer_us=round(peer, 2),
+                             ratio=round(peer / us, 3), tflops=round(2 * s**3 / us / 1e6, 1), err=f"{err:.2e}",
+                             ok=err < 2e-2))
+        torch.cuda.empty_cache()
+    return rows
+
+
+# tensor-core kernel variants for M <= 16 (the first is the old default: Triton decode, a scale load per word)
+_FINAL = [{"asm": False, "sblk": False}, {"asm": True, "sblk": False}, {"asm": False, "sblk": True},
+          {"asm": True, "sblk": True}, {"asm": True, "sblk": True, "block_n": 128},
+          {"asm": True, "sblk": True, "block_t": 32}, {"asm": True, "sblk": True, "num_warps": 8, "block_n": 128}]
+
+
+def _nvfp4_final(m: int) -> list[tuple[str, dict]]:
+    return ([("gemv", {})] if m <= 2 else []) + [("dot", c) for c in _FINAL]
+
+
+def decide(rows: list[dict]) -> dict:
+    """The tensor-core variant with the best geometric-mean speed-up over the default at M = 4 and 16 (both shapes),
+    among those right on every row; and GEMV_MAX_M from where that variant beats the GEMV on both shapes."""
+    import math
+
+    by = {(r["shape"], r["cfg"]): r for r in rows}
+    shapes = sorted({r["shape"].split()[1] for r in rows})
+
+    def us(m, shape, cfg):
+        r = by.get((f"M={m} {shape}", cfg))
+        return r["us"] if r and "us" in r and r["ok"] else None
+
+    base = f"dot {json.dumps(_FINAL[0], sort_keys=True)}"
+    best, best_score = {}, 1.0
+    for cfg in _FINAL[1:]:
+        name = f"dot {json.dumps(cfg, sort_keys=True)}"
+        t = [(us(m, sh, base), us(m, sh, name)) for m in (1, 2, 4, 16) for sh in shapes]
+        if any(b is None or v is None for b, v in t):
+            continue
+        score = math.exp(sum(math.log(b / v) for b, v in t[4:]) / len(t[4:]))  # M = 4 and 16
+        if score > best_score * 1.03:
+            best, best_score = cfg, score
+    name = f"dot {json.dumps(best, sort_keys=True)}"
+    gemv_max = 2
+    for m in (2, 1):  # the GEMV keeps M up to where the chosen dot does not beat it on both shapes
+        dot_t, gemv_t = [us(m, sh, name) for sh in shapes], [us(m, sh, "gemv {}") for sh in shapes]
+        if None in dot_t or None in gemv_t or any(d >= g for d, g in zip(dot_t, gemv_t, strict=True)):
+            break
+        gemv_max = m - 1
+    return {"cfg": best, "score": round(best_score, 3), "gemv_max_m": gemv_max}
+
+
+def nvfp4_rows(variants=_nvfp4_final, ms=(1, 2, 4, 16)) -> list[dict]:
+    from benchmarks.gpu.quant import _buffers, _rel_err, _rotating
+    from engine.core.ops.nvfp4 import _nvfp4_linear_ref, nvfp4_global_scale
+    from engine.platforms.triton_kernels import nvfp4 as nmod
+
+    dev = torch.device("cuda")
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    gen = torch.Generator(device=dev).manual_seed(int(time.time()))
+    rows = []
+    for n, k in ((4096, 14336), (14336, 4096)):
+        w16 = [torch.randn((n, k), device=dev, dtype=torch.bfloat16, generator=gen) * k**-0.5
+               for _ in range(_buffers(n * k * 2, l2))]
+        wq = []
+        for _ in range(_buffers(n * k // 2 + n * k // 16, l2)):
+            w = torch.randn((n, k), device=dev, dtype=torch.bfloat16, generator=gen) * k**-0.5
+            gs = nvfp4_global_scale(w)
+            wq.append((*nmod.quantize(w, gs), gs))
+        for m in ms:
+            x = torch.randn((m, k), device=dev, dtype=torch.bfloat16, generator=gen)
+            peer = _rotating([functools.partial(torch.nn.functional.linear, x, w) for w in w16], fast=True)
+            ref = _nvfp4_linear_ref(x, *wq[0], None)
+            for kernel, cfg in variants(m):
+                name = f"{kernel} {json.dumps(cfg, sort_keys=True)}"
+                try:
+                    err = _rel_err(nmod.w4a16_linear(x, *wq[0], None, kernel=kernel, config=cfg), ref)
+                    us = _rotating([functools.partial(nmod.w4a16_linear, x, *q, None, kernel=kernel, config=cfg)
+                                    for q in wq], fast=True)
+                except Exception as exc:
+                    _emit(rows, dict(op="nvfp4", shape=f"M={m} {n}x{k}", cfg=name,
+                                     error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                    continue
+                _emit(rows, dict(op="nvfp4", shape=f"M={m} {n}x{k}", cfg=name, us=round(us, 2),
+                                 peer_us=round(peer, 2), ratio=round(peer / us, 3), err=f"{err:.2e}",
+                                 ok=err < WRONG))
+        w16 = wq = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _emit(rows: list, row: dict) -> None:
+    rows.append(row)
+    if "error" in row:
+        print(f"{row['op']} {row['shape']} {row['cfg']}: {row['error']}", flush=True)
+    else:
+        print(f"{row['op']} {row['shape']} {row['cfg']}: {row['us']} us, peer {row['peer_us']} us, "
+              f"ratio {row['ratio']}, err {row['err']}{'' if row['ok'] else ' WRONG'}", flush=True)
+
+
+def main() -> None:
+    what = sys.argv[1] if len(sys.argv) > 1 else "nvfp4"
+    if what == "fp8":
+        rows = fp8_rows()
+    else:
+        rows = nvfp4_rows()
+        print("DECISION", json.dumps(decide(rows)), flush=True)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"sweep_{what}.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
