@@ -107,8 +107,8 @@ def _long_run(llm, prompts, n=12):
 
 
 def test_cpu_graphs_are_captured_lazily_and_replay_the_eager_tokens(model_dir):
-    eager = _long_run(LLM(model_dir, kv_cache_bytes=32 << 20, enforce_eager=True), PROMPTS)
-    llm = LLM(model_dir, kv_cache_bytes=32 << 20)
+    eager = _long_run(LLM(model_dir, kv_cache_bytes=32 << 20, platform="cpu", enforce_eager=True), PROMPTS)
+    llm = LLM(model_dir, kv_cache_bytes=32 << 20, platform="cpu")
     graphs = llm.runner.graphs
     assert graphs is not None and graphs.lazy and not graphs.graphs  # nothing captured at start-up
     assert graphs.buckets == [1, 2, 4, 8]  # CpuPlatform.graph_max_batch
