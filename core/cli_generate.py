@@ -26,12 +26,13 @@ def add_model_arguments(p) -> None:
                         " on CPUs; auto = q8 where the platform has a kernel for it) or not (none)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="GPU platforms: fraction of the device's memory for weights, activations and KV cache")
-    p.add_argument("--enforce-eager", action="store_true", help="GPU platforms: no CUDA graphs for decode steps")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no decode graphs (CUDA graphs on GPUs, recorded kernel calls on CPUs)")
 
 
 def load_llm(args, **kwargs):
     """The LLM the model options describe. A --dtype the selected platform has no kernels for is refused (every
-    op would run on its plain-torch reference); the Python API allows it and warns once per op instead."""
+    op it lacks would run on its plain-torch reference); the Python API allows it and warns once per op instead."""
     import torch
 
     from engine.core import plugins
@@ -42,7 +43,7 @@ def load_llm(args, **kwargs):
     if getattr(torch, args.dtype) not in fast:
         names = ", ".join(str(d).removeprefix("torch.") for d in fast)
         raise ValueError(f"--dtype {args.dtype}: platform {platform.name!r} has fast kernels for {names} only; "
-                         f"{args.dtype} would run every op on its plain-torch reference. Use --dtype "
+                         f"{args.dtype} would run ops on their slow plain-torch references. Use --dtype "
                          f"{names.split(',')[0]}")
     llm = LLM(args.model, platform=platform, dtype=args.dtype, activation_quant=args.activation_quant,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, **kwargs)
