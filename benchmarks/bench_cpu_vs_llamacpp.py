@@ -155,6 +155,29 @@ def _host_share(eng, prompt: list[int], n: int, params_cls) -> dict:
             "host_ms_per_token": timed_wall - kernel_ms, "host_share": (timed_wall - kernel_ms) / timed_wall}
 
 
+def decode_bytes_per_token(path: str) -> int:
+    """Weight bytes one decode token reads: every tensor of the GGUF file but the token embedding, of which it reads
+    one row, unless the file has no output.weight (tied embeddings: the LM head then reads all of it)."""
+    from engine.core.loader.gguf_file import open_gguf
+
+    tensors = {t.name: t.n_bytes for t in open_gguf(path).tensors}
+    tied = "output.weight" not in tensors
+    return sum(n for name, n in tensors.items() if tied or name != "token_embd.weight")
+
+
+def bandwidth_worker(w: dict) -> dict:
+    """The streaming read bandwidth with the benchmark's threads (bench_cpu_gguf_linear.read_bandwidth over as many
+    bytes as a decode token reads): the bound a single-stream decode token cannot beat."""
+    import torch
+
+    torch.set_num_threads(w["threads"])
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    from bench_cpu_gguf_linear import read_bandwidth
+
+    return {"read_bytes_per_s": read_bandwidth(w["bytes_per_token"])}
+
+
 def engine_worker(w: dict) -> dict:
     import torch
 
@@ -383,7 +406,7 @@ def llamacpp_one_token(w: dict) -> dict:
 
 
 WORKERS = {"engine": engine_worker, "llama.cpp": llamacpp_worker, "hf": hf_worker,
-           "llama.cpp-one-token": llamacpp_one_token}
+           "llama.cpp-one-token": llamacpp_one_token, "bandwidth": bandwidth_worker}
 
 
 # ---- orchestration -----------------------------------------------------------------------------------------------
@@ -487,6 +510,9 @@ def table(res: dict, a) -> str:
         ("(e) model load, ms", ms("load_s"), False),
         ("(e) whole command to one token (engine: `engine generate --max-tokens 1 Hi`), ms",
          ms("generate_startup_s"), False),
+        ("(g) single-stream decode as % of the bandwidth bound (streaming read GB/s / weight bytes per token)",
+         lambda r: None if get(r, "single", "decode_tok_per_s") is None or not res.get("bound_tok_per_s")
+         else 100 * r["single"]["decode_tok_per_s"] / res["bound_tok_per_s"], None),
         ("(f) engine host overhead: % of a decode step outside native kernels",
          lambda r: None if get(r, "host", "host_share") is None else 100 * r["host"]["host_share"], None),
         ("(f) engine native kernels, ms per decode token", lambda r: get(r, "host", "kernel_ms_per_token"), None),
@@ -600,6 +626,11 @@ def main(argv=None) -> int:
         res["llama.cpp"]["generate_startup_s"] = llamacpp_startup(spec, a.threads, a.repeat)
     if not a.no_hf and not a.startup_only:
         res["hf"] = run_worker("hf", dict(spec, batch=[] if a.no_hf_batch else spec["batch"]), a.threads)
+    if not a.startup_only:
+        spec["bytes_per_token"] = decode_bytes_per_token(spec["model"])
+        bw = run_worker("bandwidth", spec, a.threads)["read_bytes_per_s"]
+        res["bandwidth"] = {"read_bytes_per_s": bw, "bytes_per_token": spec["bytes_per_token"]}
+        res["bound_tok_per_s"] = bw / spec["bytes_per_token"]
     res["agree"] = {} if a.startup_only else {
         k: {n: b._agree(e["single_tokens"], res[k]["single_tokens"]) for n, e in res["engines"].items()}
         for k in ("llama.cpp", "hf") if res.get(k)}
@@ -609,6 +640,10 @@ def main(argv=None) -> int:
     print(f"\n{res['date']} UTC, {res['cpu']}; llama-cpp-python {c['version']}, {a.threads} threads each; "
           f"llama.cpp: {c['system_info']}\n")
     print(table(res, a))
+    if res.get("bandwidth"):
+        bw = res["bandwidth"]
+        print(f"\n(g) bound: {bw['bytes_per_token'] / 1e6:.1f} MB of weights per decode token at a streaming read of "
+              f"{bw['read_bytes_per_s'] / 1e9:.1f} GB/s ({a.threads} threads) = {res['bound_tok_per_s']:.0f} tok/s")
     print(f"\ntotal {res['total_s']:.0f} s; 1-minute load average at the start {load0[0]:.2f} on {os.cpu_count()} "
           "CPUs (other work on the machine makes these numbers noisy, OpenMP runtimes the most)")
     if a.json:
