@@ -39,10 +39,17 @@ int gguf_block_bytes(int qtype);
 // Validates and dispatches to the current ISA; throws std::invalid_argument on bad arguments.
 void gguf_dequant(const DequantArgs& a);
 
+// The per-ISA kernels (gguf_dequant_impl.h on each backend), arguments already validated.
 void gguf_dequant_scalar(const DequantArgs& a);
 #ifdef ENGINE_X86
 void gguf_dequant_avx2(const DequantArgs& a);
 void gguf_dequant_avx512(const DequantArgs& a);
+#endif
+#ifdef ENGINE_ARM64
+void gguf_dequant_neon(const DequantArgs& a);
+#endif
+#ifdef ENGINE_VSX
+void gguf_dequant_vsx(const DequantArgs& a);
 #endif
 
 }  // namespace engine_cpu

@@ -8,13 +8,14 @@
 // add, q * d); gemv computes d * (q . x_b) + m * sum(x_b) per block b (Q4_0: m = -8 d), which is the
 // same sum up to the order of the fp32 operations (backends with a 16-lane table lookup, kLut16, take
 // each Q4 value from the block's table of its 16 possible values instead).
+// The block decode (block_quants, q4_table, dequant_rows) is gguf_dequant_impl.h's, shared with gguf_dequant.
 //
 // `#pragma GCC unroll` (GCC and clang) sits on every loop over an array of vectors: fully unrolled, the
 // arrays live in registers (left rolled, GCC keeps them on the stack: 2x slower at -O2, measured).
 #include <cstdint>
 #include <vector>
 
-#include "gguf_dequant.h"
+#include "gguf_dequant_impl.h"
 #include "gguf_linear.h"
 #include "vec.h"
 
@@ -25,80 +26,12 @@
 namespace engine_cpu {
 namespace {
 
-template <int kQ>
-constexpr int kQBytes = kQ == kQ8_0 ? 34 : kQ == kQ4_1 ? 20 : 18;
-
-// The 32 unscaled quants of the block at b as 32 / W vectors (Q4: 0..15, Q8_0: -128..127). kWhole (Q4):
-// the second half is the whole bytes (low + 16 * high nibble, see gemv_rows), one shift fewer per vector.
-template <class V, int kQ, bool kWhole = false>
-ENGINE_VEC_FN inline void block_quants(const uint8_t* b, typename V::F* q) {
-  using Q = V;
-  constexpr int W = V::W, NC = 32 / W;
-  const uint8_t* qs = b + (kQ == kQ4_1 ? 4 : 2);
-  if constexpr (Q::kBlockLoads) {
-    if constexpr (kQ == kQ8_0) Q::q8_block(reinterpret_cast<const int8_t*>(qs), q);
-    else Q::q4_block(qs, q, kWhole);
-  } else if constexpr (kQ == kQ8_0) {
-    #pragma GCC unroll 32
-    for (int c = 0; c < NC; ++c) q[c] = Q::from_i8(reinterpret_cast<const int8_t*>(qs) + W * c);
-  } else {
-    #pragma GCC unroll 32
-    for (int c = 0; c < NC / 2; ++c) {
-      q[c] = Q::from_u4lo(qs + W * c);
-      q[NC / 2 + c] = kWhole ? Q::from_u8(qs + W * c) : Q::from_u4hi(qs + W * c);
-    }
-  }
-}
-
-// kLut16 backends (W == 16): the 16 values a Q4 block can hold, as the reference computes them: (i - 8) * d
-// or i * d + m (a multiply, then an add; kFused: one FMA, within an ulp, for gemv).
-template <class V, int kQ, bool kFused = false>
-ENGINE_VEC_FN inline typename V::F q4_table(typename V::F d, const uint8_t* b, const float* lut) {
-  alignas(64) static const float kIota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  alignas(64) static const float kIota8[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
-  if constexpr (kQ == kQ4_0) return V::mul(V::load(kIota8), d);
-  else if constexpr (kFused) return V::fma(V::load(kIota), d, V::set1(lut[load_fp16(b + 2)]));
-  else return V::add(V::mul(V::load(kIota), d), V::set1(lut[load_fp16(b + 2)]));
-}
-
-template <class V, int kQ>
-ENGINE_VEC_FN void decode_q(const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst, const float* lut) {
-  using F = typename V::F;
-  constexpr int W = V::W, NC = 32 / W;
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* b = w + r * w_stride;
-    float* out = dst + r * k;
-    for (int64_t c = 0; c < k; c += 32, b += kQBytes<kQ>, out += 32) {
-      const F d = V::set1(lut[load_fp16(b)]);
-      if constexpr (kQ != kQ8_0 && V::kLut16) {  // the block's 16 values, each nibble picks one
-        const F table = q4_table<V, kQ>(d, b, lut);
-        const uint8_t* qs = b + (kQ == kQ4_1 ? 4 : 2);
-        V::store(out, V::lut16_lo(table, qs));
-        V::store(out + 16, V::lut16_hi(table, qs));
-        continue;
-      }
-      F q[NC];
-      block_quants<V, kQ>(b, q);
-      if constexpr (kQ == kQ4_1) {
-        const F m = V::set1(lut[load_fp16(b + 2)]);
-        #pragma GCC unroll 32
-        for (int i = 0; i < NC; ++i) V::store(out + W * i, V::add(V::mul(q[i], d), m));
-      } else if constexpr (kQ == kQ4_0) {
-        const F eight = V::set1(8.0f);
-        #pragma GCC unroll 32
-        for (int i = 0; i < NC; ++i) V::store(out + W * i, V::mul(V::sub(q[i], eight), d));
-      } else {
-        #pragma GCC unroll 32
-        for (int i = 0; i < NC; ++i) V::store(out + W * i, V::mul(q[i], d));
-      }
-    }
-  }
-}
-
 template <class V>
 ENGINE_VEC_FN void decode_impl(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst,
                                const float* lut) {
-  with_qtype(qtype, [&](auto q) { decode_q<V, decltype(q)::value>(w, w_stride, rows, k, dst, lut); });
+  with_qtype(qtype, [&](auto q) {
+    dequant_rows<V, decltype(q)::value, DType::F32>(w, w_stride, rows, k, dst, k, lut);  // gguf_dequant_impl.h
+  });
 }
 
 // Registers a dot tile may use: every backend has twice kAccRegs vector registers; 5 hold the four panel

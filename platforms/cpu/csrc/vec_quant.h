@@ -10,6 +10,8 @@
 //     nibbles (values 0..15) then high nibbles, or with `whole` the whole bytes; q8_block(p, q) = 32 int8;
 //   kLut16: whether lut16_lo(t, p) / lut16_hi(t, p) exist (W = 16): lane l = lane (p[l] & 15) / (p[l] >> 4)
 //     of the 16-lane table t, one permute instead of an int -> float conversion.
+// Block scales: kFp16Scalar: whether fp16_scalar(h) exists, one fp16 (bits h) converted to fp32 in a register
+//   (F16C); kernels without it look the scale up in fp16_lut().
 // Integers (the Q8-activation linear): I = W int32 lanes and B = 4W bytes, the same register;
 //   zero_i, add_i, to_f32 (exact below 2^24), reduce_add_i, round_i (fp32 -> int32, nearest even);
 //   load_b(p) = 4W bytes; store_i8_block(p, v) = the 32 int32 lanes of v[0 .. 32 / W), each in -128..127, as
@@ -55,6 +57,7 @@ struct QuantScalar {
   static F from_u8(const uint8_t* p) { return F{{float(p[0]), float(p[1]), float(p[2]), float(p[3])}}; }
   static constexpr bool kLut16 = false;
   static constexpr bool kBlockLoads = false;
+  static constexpr bool kFp16Scalar = false;
 
   static I zero_i() { return I{{0, 0, 0, 0}}; }
   static I add_i(I a, I b) { return I{{a.v[0] + b.v[0], a.v[1] + b.v[1], a.v[2] + b.v[2], a.v[3] + b.v[3]}}; }
@@ -122,6 +125,8 @@ struct QuantAvx2 {
   ENGINE_AVX2 static F from_u8(const uint8_t* p) { return _mm256_cvtepi32_ps(u8x8(p)); }
   static constexpr bool kLut16 = false;  // a 16-entry table is two ymm registers: 2 permutes + a blend
   static constexpr bool kBlockLoads = false;
+  static constexpr bool kFp16Scalar = true;
+  ENGINE_AVX2 static float fp16_scalar(uint16_t h) { return _cvtsh_ss(h); }
 
   ENGINE_AVX2 static I zero_i() { return _mm256_setzero_si256(); }
   ENGINE_AVX2 static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
@@ -182,6 +187,8 @@ struct QuantAvx512 {
   ENGINE_AVX512 static F from_u8(const uint8_t* p) { return _mm512_cvtepi32_ps(u8x16(p)); }
   static constexpr bool kLut16 = true;  // vpermps reads the low 4 bits of each index lane
   static constexpr bool kBlockLoads = false;
+  static constexpr bool kFp16Scalar = true;
+  ENGINE_AVX512 static float fp16_scalar(uint16_t h) { return _cvtsh_ss(h); }
   ENGINE_AVX512 static F lut16_lo(F t, const uint8_t* p) { return _mm512_permutexvar_ps(u8x16(p), t); }
   ENGINE_AVX512 static F lut16_hi(F t, const uint8_t* p) {
     return _mm512_permutexvar_ps(_mm512_srli_epi32(u8x16(p), 4), t);
@@ -275,6 +282,7 @@ struct QuantNeon {
     widen_s8(vld1q_s8(p + 16), q + 4);
   }
   static constexpr bool kLut16 = false;
+  static constexpr bool kFp16Scalar = false;
 
   static I zero_i() { return vdupq_n_s32(0); }
   static I add_i(I a, I b) { return vaddq_s32(a, b); }
@@ -328,6 +336,7 @@ struct QuantVsx {
   static F from_u4hi(const uint8_t* p) { return vec_ctf(vec_sr(u8x4(p), vec_splats(4u)), 0); }
   static F from_u8(const uint8_t* p) { return vec_ctf(u8x4(p), 0); }
   static constexpr bool kLut16 = false;
+  static constexpr bool kFp16Scalar = false;
   // Whole blocks from 16-byte loads, widened by merging with zero (unsigned) or unpacking (signed); the
   // merges follow element order, so element 0 is the lowest-addressed byte on either endianness.
   static constexpr bool kBlockLoads = true;
