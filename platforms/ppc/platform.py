@@ -16,8 +16,9 @@ from . import probe
 # no kernel for run their plain-torch references (the registry says so once).
 VSX_KERNELS = ("paged attention (C++: fp32/bf16/fp16 storage)", "RMSNorm, rotary, SiLU-and-mul (C++: fp32/bf16/fp16)",
                "fp16 dense linear (C++, every M; fp32/bf16 dense linears run torch's BLAS)",
-               "GGUF linear with fp32 activations (Q4_0/Q4_1/Q8_0; fp16 x widened to fp32)", "MoE (fp32/bf16)")
-PORTABLE_KERNELS = ("GGUF Q8-activation linear",)
+               "GGUF linear with fp32 activations (Q4_0/Q4_1/Q8_0; fp16 x widened to fp32)",
+               "GGUF linear with Q8 activations (vmsummbm block dots)", "GGUF dequantize", "MoE (fp32/bf16)")
+PORTABLE_KERNELS: tuple[str, ...] = ()
 
 
 class PpcPlatform(CpuPlatform):
@@ -25,9 +26,9 @@ class PpcPlatform(CpuPlatform):
     priority = 20  # above cpu: where POWER9 VSX is present, its kernels are preferred
     fp16_linear_rule = "ppc"  # fp16 dense linears: the native kernel at every M (kernels/linear.py)
     description = ("POWER9+ (ppc64le): the cpu kernels, with VSX paged attention, RMSNorm, rotary, SiLU-and-mul, "
-                   "MoE and fp32-activation GGUF linear, and fp16 as a supported dtype (VSX fp16 dense linear; "
-                   "attention and the small ops on fp16 storage; GGUF linears through fp32); the Q8-activation GGUF "
-                   "linear runs the portable C++ path, and MoE in fp16 the plain-torch reference")
+                   "MoE, GGUF dequantize and GGUF linears (fp32 and Q8 activations), and fp16 as a supported dtype "
+                   "(VSX fp16 dense linear; attention and the small ops on fp16 storage; GGUF linears through fp32); "
+                   "MoE in fp16 runs the plain-torch reference")
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:
@@ -46,5 +47,5 @@ class PpcPlatform(CpuPlatform):
             return out
         out["vsx_kernels"] = (f"in use: {', '.join(VSX_KERNELS)}" if built else
                               f"not in use (this build has no VSX kernels): would use {', '.join(VSX_KERNELS)}")
-        out["portable_kernels"] = ", ".join(PORTABLE_KERNELS)
+        out["portable_kernels"] = ", ".join(PORTABLE_KERNELS) or "none"
         return out

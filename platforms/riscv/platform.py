@@ -11,7 +11,7 @@ from . import probe
 RVV_KERNELS = ("gguf_linear (Q4_0/Q4_1/Q8_0, GEMV and GEMM)", "gguf_linear_q8act (Q4_0/Q4_1/Q8_0)",
                "RMSNorm, rotary, SiLU-and-mul (vector-length agnostic)",
                "paged attention and MoE (128-bit vectors: correct at any VLEN, not widened past 128)")
-PORTABLE_KERNELS: tuple[str, ...] = ()
+PORTABLE_KERNELS = ("GGUF dequantize (the prefill-sized GGUF matmuls: dequantize, then torch's GEMM)",)
 
 
 class RiscvPlatform(CpuPlatform):
