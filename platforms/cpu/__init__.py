@@ -17,6 +17,14 @@ def read_cpuinfo() -> str:
         return ""
 
 
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The feature flags of the first CPU in /proc/cpuinfo text (x86's ``flags`` line; empty where it has none)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return set(value.split())
+    return set()
+
 def cpu_model_name(cpuinfo: str) -> str:
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")

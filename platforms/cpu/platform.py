@@ -17,7 +17,6 @@ class CpuPlatform(Platform):
     priority = 10
     description = "host CPU; native C++ kernels with runtime ISA dispatch"
     dist_backend = "gloo"
-    fp16_linear_rule = "cpu"  # which measured rule routes fp16 dense linears to the native kernel (kernels/linear.py)
     # Decode steps of up to 8 sequences replay a recorded list of native calls (graph.py): the Python between
     # the ~300 kernels of a step was a quarter to a third of a single-stream step. Larger batches run eagerly;
     # there the kernels dominate and each bucket would keep ~1.4 MB per sequence of intermediates alive.
@@ -86,4 +85,11 @@ class CpuPlatform(Platform):
     def register_kernels(self, registry) -> None:
         from .kernels import register
 
-        register(registry, fp16_linear_rule=self.fp16_linear_rule)
+        register(registry, fp16_max_m=self.fp16_linear_max_m)
+
+    def fp16_linear_max_m(self, isa: str, cpuinfo: str) -> int | None:
+        """Up to how many rows fp16 dense linears run the native kernel (0: never, None: every M); measured per
+        kind of CPU (kernels/linear.py)."""
+        from .kernels.linear import cpu_fp16_max_m
+
+        return cpu_fp16_max_m(isa, cpuinfo)

@@ -24,7 +24,6 @@ PORTABLE_KERNELS: tuple[str, ...] = ()
 class PpcPlatform(CpuPlatform):
     name = "ppc"
     priority = 20  # above cpu: where POWER9 VSX is present, its kernels are preferred
-    fp16_linear_rule = "ppc"  # fp16 dense linears: the native kernel at every M (kernels/linear.py)
     description = ("POWER9+ (ppc64le): the cpu kernels, with VSX paged attention, RMSNorm, rotary, SiLU-and-mul, "
                    "MoE, GGUF dequantize and GGUF linears (fp32 and Q8 activations), and fp16 as a supported dtype "
                    "(VSX fp16 dense linear; attention and the small ops on fp16 storage; GGUF linears through fp32); "
@@ -33,6 +32,11 @@ class PpcPlatform(CpuPlatform):
     @classmethod
     def probe(cls) -> tuple[bool, str]:
         return probe()
+
+    def fp16_linear_max_m(self, isa: str, cpuinfo: str) -> int | None:
+        from engine.platforms.cpu.kernels.linear import ppc_fp16_max_m
+
+        return ppc_fp16_max_m(isa, cpuinfo)  # every M on VSX (kernels/linear.py)
 
     def supported_dtypes(self) -> tuple[torch.dtype, ...]:
         return (torch.float32, torch.bfloat16, torch.float16)

@@ -14,9 +14,10 @@ NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "rms_norm",
               "fused_moe")
 
 
-def register(registry, fp16_linear_rule: str = "cpu") -> None:
-    """Register every native CPU kernel into ``registry``. ``fp16_linear_rule`` names the platform whose measured
-    rule (linear.FP16_MAX_M_RULES) decides up to how many rows fp16 ``linear`` runs the native kernel."""
+def register(registry, fp16_max_m=None) -> None:
+    """Register every native CPU kernel into ``registry``. ``fp16_max_m(isa, cpuinfo)`` is the platform's measured
+    rule for up to how many rows fp16 ``linear`` runs the native kernel (default: the cpu platform's,
+    linear.cpu_fp16_max_m)."""
     from engine.platforms.cpu import config, read_cpuinfo
 
     why = config.check_native()  # a bad ENGINE_CPU_ISA raises; a missing build is recorded for `engine doctor`
@@ -30,7 +31,7 @@ def register(registry, fp16_linear_rule: str = "cpu") -> None:
     from . import attention, gguf, linear, moe, moe_bf16_amx, norm, small_ops
 
     gguf.register(registry)
-    linear.register(registry, linear.FP16_MAX_M_RULES[fp16_linear_rule](_native.isa(), read_cpuinfo()))
+    linear.register(registry, (fp16_max_m or linear.cpu_fp16_max_m)(_native.isa(), read_cpuinfo()))
     norm.register(registry)
     attention.register(registry)
     small_ops.register(registry)

@@ -12,8 +12,8 @@ VNNI, 2 threads, torch 2.13, 2026-12-01; fp16 W of 1536x576 and 576x1536; figure
   measured here): native 1.0-1.1x at M = 1, 1.2-1.6x at 4, 2.6-3.2x from M = 64 to 256.
 * the scalar ISA (``ENGINE_CPU_ISA=scalar``): native 0.01-0.12x, never worth it.
 
-Hence ``cpu_fp16_max_m`` (the cpu platform) and ``ppc_fp16_max_m`` (the ppc platform). NEON and RVV were not
-measured: fp16 stays on torch there.
+Hence ``cpu_fp16_max_m`` and ``ppc_fp16_max_m``, which each platform's ``fp16_linear_max_m`` returns. NEON and
+RVV were not measured: fp16 stays on torch there.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.ops.linear import linear
-from engine.platforms.cpu import _native
+from engine.platforms.cpu import _native, cpu_flags
 
 from ._common import PRIORITY, isa_note, rows_of
 
@@ -30,19 +30,11 @@ EVERY_M = None  # a max_m that takes every row count
 X86_AVX512FP16_MAX_M = 2  # above this torch's oneDNN fp16 GEMM wins (see the module docstring)
 
 
-def _has_flag(cpuinfo: str, flag: str) -> bool:
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return flag in value.split()
-    return False
-
-
 def cpu_fp16_max_m(isa: str, cpuinfo: str) -> int | None:
     """Rows up to which the cpu platform routes fp16 ``linear`` to the native kernel (0: never, None: always)."""
     if isa not in ("avx2", "avx512"):
         return 0  # scalar: far slower than torch; NEON, RVV: not measured
-    return X86_AVX512FP16_MAX_M if _has_flag(cpuinfo, "avx512_fp16") else EVERY_M
+    return X86_AVX512FP16_MAX_M if "avx512_fp16" in cpu_flags(cpuinfo) else EVERY_M
 
 
 def ppc_fp16_max_m(isa: str, cpuinfo: str = "") -> int | None:
@@ -50,8 +42,6 @@ def ppc_fp16_max_m(isa: str, cpuinfo: str = "") -> int | None:
     platform's registrations here), never on the scalar one."""
     return 0 if isa == "scalar" else EVERY_M
 
-
-FP16_MAX_M_RULES = {"cpu": cpu_fp16_max_m, "ppc": ppc_fp16_max_m}  # (isa, cpuinfo) -> max_m, by platform
 
 
 def _supports_native_fp16(max_m, x, weight, bias):

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from engine.core.ops.moe import expert_groups, fused_moe
 
+from engine.platforms.cpu import cpu_flags
+
 from ._common import PRIORITY
 
 # Fewer tokens than this and the native kernel wins (measured 1.5x at 16 tokens, 0.7x at 64, 0.35x at 256).
@@ -20,10 +22,7 @@ MIN_TOKENS = 33
 
 
 def has_amx_bf16(cpuinfo: str) -> bool:
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return "amx_bf16" in line.split(":", 1)[1].split()
-    return False
+    return "amx_bf16" in cpu_flags(cpuinfo)
 
 
 def _supports(x, w13, w2, router_logits, top_k, renormalize):
