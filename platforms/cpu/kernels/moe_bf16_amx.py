@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.ops.moe import expert_groups, fused_moe
-
 from engine.platforms.cpu import cpu_flags
 
 from ._common import PRIORITY
