@@ -1,7 +1,8 @@
 """``engine generate``: complete prompts on the command line, streaming a single prompt to the terminal.
 
 Each prompt is sent as one user message through the model's chat template (``--no-chat`` sends the raw text, as
-``LLM.generate`` does; ``LLM.chat`` applies the template). Sampling defaults are SamplingParams' own.
+``LLM.generate`` does; ``LLM.chat`` applies the template). Sampling options left out take the model's defaults,
+``LLM.get_default_sampling_params()``: what ``LLM.generate`` uses without SamplingParams.
 """
 
 from __future__ import annotations
@@ -60,13 +61,15 @@ def add_arguments(p) -> None:
     p.add_argument("--file", help="read prompts from this file, one per line (blank lines skipped)")
     add_model_arguments(p)
     p.add_argument("--max-tokens", type=int, default=d["max_tokens"], help="most tokens generated per prompt")
-    p.add_argument("--temperature", type=float, default=d["temperature"], help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=d["top_p"], help="nucleus sampling; 1 = off")
-    p.add_argument("--top-k", type=int, default=d["top_k"], help="0 = off")
-    p.add_argument("--min-p", type=float, default=d["min_p"], help="0 = off")
+    model = "default: the model's (generation_config.json; the built-in model: repetition penalty 1.1), else"
+    p.add_argument("--temperature", type=float, help=f"0 = greedy ({model} {d['temperature']})")
+    p.add_argument("--top-p", type=float, help=f"nucleus sampling; 1 = off ({model} {d['top_p']})")
+    p.add_argument("--top-k", type=int, help=f"0 = off ({model} {d['top_k']})")
+    p.add_argument("--min-p", type=float, help=f"0 = off ({model} {d['min_p']})")
     p.add_argument("--seed", type=int, default=d["seed"], help="makes sampling reproducible")
-    p.add_argument("--repetition-penalty", type=float, default=d["repetition_penalty"],
-                   help="> 1 discourages tokens already in the prompt or output (1 = off)")
+    p.add_argument("--repetition-penalty", type=float,
+                   help=f"> 1 discourages tokens already in the prompt or output; 1 = off ({model} "
+                        f"{d['repetition_penalty']})")
     p.add_argument("--presence-penalty", type=float, default=d["presence_penalty"], help="in [-2, 2]; 0 = off")
     p.add_argument("--frequency-penalty", type=float, default=d["frequency_penalty"], help="in [-2, 2]; 0 = off")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -87,13 +90,23 @@ def read_prompts(args) -> list[str]:
     return prompts
 
 
+# Options whose default is the model's (None when not given on the command line).
+MODEL_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_options(args) -> dict:
+    """The SamplingParams fields the command line sets: the model-defaulted ones only where given."""
+    given = {k: getattr(args, k) for k in MODEL_DEFAULTED if getattr(args, k) is not None}
+    return dict(given, seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
+                presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
+
+
 def run(args) -> int:
     prompts = read_prompts(args)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-                            seed=args.seed, max_tokens=args.max_tokens, stop=args.stop,
-                            repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-                            frequency_penalty=args.frequency_penalty)
+    options = sampling_options(args)
+    SamplingParams(**options)  # bad values are refused before the model loads
     llm = load_llm(args)
+    params = dataclasses.replace(llm.get_default_sampling_params(), **options)
     chat = not args.no_chat and llm.tokenizer.chat_template is not None
     inputs = [llm.tokenizer.encode(llm.chat_prompt([{"role": "user", "content": p}]), add_special_tokens=False)
               if chat else p for p in prompts]

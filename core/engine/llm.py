@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 from contextlib import contextmanager
@@ -88,6 +89,7 @@ class LLM:
         device = self.platform.device()
         ckpt = load_checkpoint(model, dtype=dtype, dequantize=dequantize)
         self.checkpoint_source, self.config, self.tokenizer = ckpt.source, ckpt.config, ckpt.tokenizer
+        self._default_params = SamplingParams(**ckpt.generation_defaults)
         self.activation_quant = resolve_activation_quant(activation_quant)
         weights_bytes = weight_nbytes(ckpt.weights.values())
         budget = None
@@ -132,9 +134,15 @@ class LLM:
             return self.engine.add_request(list(prompt), params)
         raise TypeError(f"a prompt is a string or a list of token ids, not {type(prompt).__name__}")
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a call without SamplingParams uses (vLLM's name): SamplingParams' defaults overlaid with the model's
+        own (an HF directory's generation_config.json; for the built-in model, repetition_penalty 1.1, which ends
+        its loops: core/loader/generation_config.py). A new object each call."""
+        return dataclasses.replace(self._default_params)
+
     def _params(self, sampling_params, n: int) -> list[SamplingParams]:
         if sampling_params is None:
-            return [SamplingParams()] * n
+            return [self.get_default_sampling_params()] * n
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * n
         params = list(sampling_params)

@@ -28,9 +28,10 @@ class SamplingParams:
     e.g. a grammar matcher)."""
 
     n: int = 1
-    # Defaults: the default model's own recommendation (SmolLM2-Instruct's card: temperature 0.2, top_p 0.9). Greedy
-    # (temperature 0) can loop on it ("Write a haiku about the sea." never ends on some CPUs), temperature 1 rambles;
-    # `engine generate` uses these same defaults. The OpenAI server keeps the API's own (temperature 1, top_p 1).
+    # Defaults: the default model's card (SmolLM2-Instruct: temperature 0.2, top_p 0.9; temperature 1 rambles).
+    # A call without SamplingParams (LLM.generate(prompts), `engine generate` without sampling options) uses
+    # LLM.get_default_sampling_params(): these overlaid with the model's own defaults, which for the built-in model
+    # add repetition_penalty 1.1 (it loops without). The OpenAI server keeps the API's (temperature 1, top_p 1).
     temperature: float = 0.2
     top_p: float = 0.9
     top_k: int = 0

