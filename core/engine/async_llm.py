@@ -84,7 +84,7 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine loop is not running{': ' + repr(self._error) if self._error else ''}")
         if self.num_waiting >= self.max_queue:
             raise QueueFullError(f"{self.num_waiting} requests are already waiting (max_queue {self.max_queue})")
-        params = params or SamplingParams()
+        params = params or self.llm.get_default_sampling_params()
         if isinstance(prompt, str):
             text, ids = prompt, self.llm.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

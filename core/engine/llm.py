@@ -89,7 +89,8 @@ class LLM:
         device = self.platform.device()
         ckpt = load_checkpoint(model, dtype=dtype, dequantize=dequantize)
         self.checkpoint_source, self.config, self.tokenizer = ckpt.source, ckpt.config, ckpt.tokenizer
-        self._default_params = SamplingParams(**ckpt.generation_defaults)
+        self.generation_defaults = dict(ckpt.generation_defaults)  # the model's own sampling defaults
+        self._default_params = SamplingParams(**self.generation_defaults)
         self.activation_quant = resolve_activation_quant(activation_quant)
         weights_bytes = weight_nbytes(ckpt.weights.values())
         budget = None

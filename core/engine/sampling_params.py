@@ -31,7 +31,8 @@ class SamplingParams:
     # Defaults: the default model's card (SmolLM2-Instruct: temperature 0.2, top_p 0.9; temperature 1 rambles).
     # A call without SamplingParams (LLM.generate(prompts), `engine generate` without sampling options) uses
     # LLM.get_default_sampling_params(): these overlaid with the model's own defaults, which for the built-in model
-    # add repetition_penalty 1.1 (it loops without). The OpenAI server keeps the API's (temperature 1, top_p 1).
+    # add repetition_penalty 1.1 (it loops without). The OpenAI server keeps the API's (temperature 1, top_p 1) and
+    # fills fields a request leaves out from the model's own defaults, as vLLM does.
     temperature: float = 0.2
     top_p: float = 0.9
     top_k: int = 0

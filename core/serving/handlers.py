@@ -81,7 +81,7 @@ class Handler:
         for ids in prompts:
             try:
                 procs = ([bias] if bias is not None else []) + ([grammar.clone()] if grammar is not None else [])
-                params.append(req.sampling_params(max_tokens or ctx - len(ids), k, procs))
+                params.append(req.sampling_params(max_tokens or ctx - len(ids), k, procs, self.llm.generation_defaults))
             except ValueError as exc:
                 raise OpenAIError(400, str(exc).removeprefix("invalid SamplingParams: ")) from exc
         job = Job(self, kind, f"{prefix}-{uuid.uuid4().hex}", req.n, k,

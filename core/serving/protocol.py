@@ -58,14 +58,20 @@ class _Sampling(BaseModel):
             raise ValueError("stop strings must be non-empty")
         return v
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, processors: list) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None, processors: list,
+                        model_defaults: dict | None = None) -> SamplingParams:
+        """The request as SamplingParams. ``model_defaults`` (the model's own sampling defaults, LLM's
+        ``generation_defaults``) fill the fields the request leaves out, as vLLM applies generation_config.json;
+        the rest keep the API's defaults."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SamplingParams(
+        fields = dict(
             n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             seed=self.seed, max_tokens=max_tokens, stop=stop, stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, logprobs=logprobs, logits_processors=processors)
+        fields.update({k: v for k, v in (model_defaults or {}).items() if k not in self.model_fields_set})
+        return SamplingParams(**fields)
 
 
 class CompletionRequest(_Sampling):

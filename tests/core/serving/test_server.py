@@ -4,6 +4,7 @@ chat and completions, n > 1, logprobs, json_schema, every bad input, disconnects
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import httpx
@@ -12,7 +13,6 @@ import pytest
 
 from engine.core.engine.async_llm import AsyncLLM
 from engine.core.engine.llm import LLM
-from engine.core.engine.sampling_params import SamplingParams
 from engine.core.serving.app import build_app
 from tests.core.serving.live_server import start_server
 
@@ -26,9 +26,11 @@ N_CONCURRENT = 64
 @pytest.fixture(scope="module")
 def served():
     llm = LLM(kv_cache_bytes=96 << 20, max_num_seqs=64, max_model_len=512)
-    greedy = SamplingParams(temperature=0, max_tokens=8)
+    # A request's fields left out take the model's defaults (the built-in model: repetition_penalty 1.1), as
+    # LLM.get_default_sampling_params does offline.
+    greedy = dataclasses.replace(llm.get_default_sampling_params(), temperature=0, max_tokens=8)
     prompts = [f"Fact number {i}:" for i in range(N_CONCURRENT)]
-    ref = {"chat": llm.chat(QUESTION, SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].text,
+    ref = {"chat": llm.chat(QUESTION, dataclasses.replace(greedy, max_tokens=12))[0].outputs[0].text,
            "prompts": prompts, "texts": [o.outputs[0].text for o in llm.generate(prompts, greedy)]}
     engine = AsyncLLM(llm, max_queue=256)
     running = start_server(build_app(engine, MODEL))
@@ -261,3 +263,16 @@ def test_api_key(served):
         assert httpx.get(running.url + "/health").status_code == 200  # health needs no key
     finally:
         running.stop()
+
+
+def test_request_fields_left_out_take_the_models_defaults():
+    from engine.core.serving.protocol import CompletionRequest
+
+    model = {"repetition_penalty": 1.1, "temperature": 0.6}
+    req = CompletionRequest(model=MODEL, prompt="x")
+    sp = req.sampling_params(8, None, [], model)
+    assert (sp.repetition_penalty, sp.temperature, sp.top_p) == (1.1, 0.6, 1.0)  # top_p: the API's default
+    req = CompletionRequest(model=MODEL, prompt="x", temperature=1.0, repetition_penalty=1.0)
+    sp = req.sampling_params(8, None, [], model)
+    assert (sp.repetition_penalty, sp.temperature) == (1.0, 1.0)  # given fields win, even at the API's default
+    assert CompletionRequest(model=MODEL, prompt="x").sampling_params(8, None, []).repetition_penalty == 1.0
