@@ -3,12 +3,17 @@ reference and timed beside its peer in the same process (``_scaled_mm`` per-tens
 
     python benchmarks/gpu/quant_sweep.py fp8     # FP8 block-scaled GEMM tile / stage variants at 4096^3 and 8192^3
     python benchmarks/gpu/quant_sweep.py nvfp4   # NVFP4 tensor-core decode variants (and the GEMV), M = 1, 2, 4, 16
+    python benchmarks/gpu/quant_sweep.py gemv    # NVFP4 GEMV tiles / splits / decode at M = 1, 2, 4 (and the dot)
+    python benchmarks/gpu/quant_sweep.py defaults  # the op's default kernel at M = 1..4 against the dot and cuBLAS
+    python benchmarks/gpu/quant_sweep.py gemv1 ['{"block_n": 8}']  # the M = 1 GEMV alone, 20 calls (a profiler's)
 
 Rows are printed as they come (a compiler crash in one variant then loses only what follows it) and written to
 $OUT/sweep_<mode>.json when OUT is set. ``err`` is ||out - ref|| / ||ref|| against the op's reference on fresh
 random inputs; a variant marked WRONG must not become a default. The nvfp4 mode ends with a DECISION line: the
 tensor-core variant with the best geometric-mean speed-up over the first (the old default) at M = 4 and 16, and the
-GEMV_MAX_M at which it beats the GEMV on both shapes.
+GEMV_MAX_M at which it beats the GEMV on both shapes. The gemv mode prints the weight bytes streamed per second
+("TB/s": packed codes + block scales over the time) and, with NVFP4_OLD naming a copy of an earlier nvfp4.py, times
+that module's default GEMV beside the current one in the same process.
 """
 
 from __future__ import annotations
@@ -105,6 +110,55 @@ def decide(rows: list[dict]) -> dict:
     return {"cfg": best, "score": round(best_score, 3), "gemv_max_m": gemv_max}
 
 
+# GEMV variants: (kernel, config) per M; "old" runs NVFP4_OLD's default kernel for that M
+_GEMV_M1 = [{"asm": False}, {}, {"block_n": 8}, {"block_n": 8, "prefetch": True}, {"prefetch": True},
+            {"block_n": 8, "block_b": 64, "num_warps": 2}, {"block_n": 8, "block_b": 64, "num_warps": 2, "splits": 2},
+            {"block_n": 8, "block_b": 64, "num_warps": 2, "splits": 2, "prefetch": True},
+            {"block_n": 8, "block_b": 256, "num_warps": 8}, {"block_n": 4, "block_b": 256, "num_warps": 8},
+            {"block_n": 4, "block_b": 64, "splits": 2}, {"block_n": 8, "splits": 4}, {"block_n": 16, "block_b": 32},
+            {"block_n": 2, "block_b": 128, "num_warps": 4}]
+_GEMV_MN = [{}, {"block_n": 8}, {"prefetch": True}, {"block_n": 8, "block_b": 64, "num_warps": 2, "splits": 2},
+            {"block_n": 4, "block_b": 64, "num_warps": 2}]
+
+
+def _gemv_variants(m: int) -> list[tuple[str, dict]]:
+    old = [("old", {})] if os.environ.get("NVFP4_OLD") and m == 1 else []
+    if m == 1:
+        return old + [("gemv", c) for c in _GEMV_M1]
+    return old + [("dot", {})] + [("gemv", c) for c in _GEMV_MN]
+
+
+def _default_variants(m: int) -> list[tuple[str, dict]]:
+    """What the op picks by default ("default"), beside the tensor-core kernel for M > 1 and two M = 1 tiles."""
+    if m == 1:
+        return [("default", {}), ("gemv", {"block_n": 2, "prefetch": True}), ("gemv", {"block_n": 4, "splits": 1})]
+    return [("default", {}), ("dot", {})]
+
+
+def _old_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nvfp4_old", os.environ["NVFP4_OLD"])
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def gemv1(cfg: dict | None = None) -> None:
+    """20 calls of the M = 1 GEMV (default config, or ``cfg``) on 4096 x 14336 (bf16), for ncu to pick one."""
+    from engine.core.ops.nvfp4 import nvfp4_global_scale
+    from engine.platforms.triton_kernels import nvfp4 as nmod
+
+    dev = torch.device("cuda")
+    w = torch.randn((4096, 14336), device=dev, dtype=torch.bfloat16) * 14336**-0.5
+    gs = nvfp4_global_scale(w)
+    q = (*nmod.quantize(w, gs), gs)
+    x = torch.randn((1, 14336), device=dev, dtype=torch.bfloat16)
+    for _ in range(20):
+        nmod.w4a16_linear(x, *q, None, kernel="gemv", config=cfg)
+    torch.cuda.synchronize()
+
+
 def nvfp4_rows(variants=_nvfp4_final, ms=(1, 2, 4, 16)) -> list[dict]:
     from benchmarks.gpu.quant import _buffers, _rel_err, _rotating
     from engine.core.ops.nvfp4 import _nvfp4_linear_ref, nvfp4_global_scale
@@ -113,8 +167,10 @@ def nvfp4_rows(variants=_nvfp4_final, ms=(1, 2, 4, 16)) -> list[dict]:
     dev = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     gen = torch.Generator(device=dev).manual_seed(int(time.time()))
+    old = _old_module() if os.environ.get("NVFP4_OLD") else None
     rows = []
     for n, k in ((4096, 14336), (14336, 4096)):
+        wbytes = n * k // 2 + n * k // 16  # packed codes + e4m3 block scales
         w16 = [torch.randn((n, k), device=dev, dtype=torch.bfloat16, generator=gen) * k**-0.5
                for _ in range(_buffers(n * k * 2, l2))]
         wq = []
@@ -128,17 +184,18 @@ def nvfp4_rows(variants=_nvfp4_final, ms=(1, 2, 4, 16)) -> list[dict]:
             ref = _nvfp4_linear_ref(x, *wq[0], None)
             for kernel, cfg in variants(m):
                 name = f"{kernel} {json.dumps(cfg, sort_keys=True)}"
+                mod, kw = ((old, {}) if kernel == "old" else (nmod, {}) if kernel == "default"
+                           else (nmod, dict(kernel=kernel, config=cfg)))
                 try:
-                    err = _rel_err(nmod.w4a16_linear(x, *wq[0], None, kernel=kernel, config=cfg), ref)
-                    us = _rotating([functools.partial(nmod.w4a16_linear, x, *q, None, kernel=kernel, config=cfg)
-                                    for q in wq], fast=True)
+                    err = _rel_err(mod.w4a16_linear(x, *wq[0], None, **kw), ref)
+                    us = _rotating([functools.partial(mod.w4a16_linear, x, *q, None, **kw) for q in wq], fast=True)
                 except Exception as exc:
                     _emit(rows, dict(op="nvfp4", shape=f"M={m} {n}x{k}", cfg=name,
                                      error=f"{type(exc).__name__}: {str(exc)[:200]}"))
                     continue
                 _emit(rows, dict(op="nvfp4", shape=f"M={m} {n}x{k}", cfg=name, us=round(us, 2),
                                  peer_us=round(peer, 2), ratio=round(peer / us, 3), err=f"{err:.2e}",
-                                 ok=err < WRONG))
+                                 tbs=round(wbytes / us / 1e6, 2), ok=err < WRONG))
         w16 = wq = None
         torch.cuda.empty_cache()
     return rows
@@ -149,7 +206,8 @@ def _emit(rows: list, row: dict) -> None:
     if "error" in row:
         print(f"{row['op']} {row['shape']} {row['cfg']}: {row['error']}", flush=True)
     else:
-        print(f"{row['op']} {row['shape']} {row['cfg']}: {row['us']} us, peer {row['peer_us']} us, "
+        tbs = f", {row['tbs']} TB/s" if "tbs" in row else ""
+        print(f"{row['op']} {row['shape']} {row['cfg']}: {row['us']} us{tbs}, peer {row['peer_us']} us, "
               f"ratio {row['ratio']}, err {row['err']}{'' if row['ok'] else ' WRONG'}", flush=True)
 
 
@@ -157,6 +215,12 @@ def main() -> None:
     what = sys.argv[1] if len(sys.argv) > 1 else "nvfp4"
     if what == "fp8":
         rows = fp8_rows()
+    elif what == "gemv1":
+        return gemv1(json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)
+    elif what == "gemv":
+        rows = nvfp4_rows(_gemv_variants, ms=(1, 2, 4))
+    elif what == "defaults":
+        rows = nvfp4_rows(_default_variants, ms=(1, 2, 3, 4))
     else:
         rows = nvfp4_rows()
         print("DECISION", json.dumps(decide(rows)), flush=True)

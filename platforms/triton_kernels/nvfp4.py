@@ -9,12 +9,14 @@ Numerics (see core/ops/nvfp4.py for the contract):
   arithmetic, ties to even, so no backend conversion rule is involved), one ``div_rn(gs, scale)`` per block, then
   comparisons against the e2m1 midpoints with the reference's tie rules. The outputs are bit-exact.
 * linear: the weight stays packed; a code becomes fp16 bits ``sign << 15 | (code & 7) << 9`` = ``e2m1 * 2**-14`` exactly
-  (code 1 is an fp16 subnormal) and a block scale ``scale * 2**-120`` as fp32 bits (see the W4A16 section). ``e2m1 *
+  (code 1 is an fp16 subnormal) and a block scale ``scale * 2**-120`` as fp32 bits (the GEMV: ``scale * 2**-8`` as fp16
+  bits, see the W4A16 section). ``e2m1 *
   scale`` has at most 6 significant bits and lies in [2**-10, 2688], so the dequantized weight is exact in fp16, bf16
   and fp32; the powers of two and ``1 / global_scale`` are applied once to the fp32 accumulator at the end.
 
-Two W4A16 kernels: ``_gemv_kernel`` for M <= GEMV_MAX_M (CUDA cores; the weight is decoded once per call and used for
-every row of x; per-16-block partial sums scaled once per block; split-K when N is small), and ``_dot_kernel`` above
+Two W4A16 kernels: ``_gemv_kernel`` for M <= GEMV_MAX_M (CUDA cores; the weight is decoded once per call, by inline PTX
+on the GPU, and used for every row of x; per-16-block partial sums scaled once per block; split-K when N is small),
+and ``_dot_kernel`` above
 (tensor cores, "swap AB": the dequantized weight tile [BLOCK_N, K step] is the left operand and x^T the right one, so a
 handful of tokens pads to 16 columns rather than 64 rows).
 """
@@ -35,16 +37,24 @@ X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PRIORITY = 10  # above the reference; the native Blackwell path registers above this
 NATIVE_PRIORITY = PRIORITY + 10
 
-# Rows of x up to which the CUDA-core GEMV runs. Its cost grows with every row (an FMA and an x conversion per weight
-# value per row), the tensor-core kernel's does not. H200, 2026-12-01 (4096x14336 / 14336x4096, bf16): GEMV 24.7 /
-# 23.3 us at M = 1, 37.8 / 36.9 at M = 2; tensor cores (DOT_ASM + DOT_SBLK) 33.0 / 33.6 us at M = 1, 32.8 / 33.4 at
-# M = 2 and about the same up to M = 16 (57 / 60 us before those two).
-GEMV_MAX_M = 1
-# GEMV tile: rows of W per program, 16-element blocks per loop step (BLOCK_B * 8 bytes of each row), warps. The same
-# sweep: 4 rows x 128 blocks x 4 warps beat the former 8 x 256 x 8 with prefetch (38 us) by 1.55x at M = 1.
+# Rows of x up to which the CUDA-core GEMV runs. Its cost grows with every row (an FMA per weight value per row), the
+# tensor-core kernel's does not. H200, 2026-12-01 run i (4096x14336 / 14336x4096, bf16, benchmarks/gpu/quant_sweep.py
+# defaults): the GEMV with the PTX decode 20.0 / 18.9 us at M = 2, 29.4 / 29.2 at M = 3, 29.5 / 29.4 at M = 4; the
+# tensor-core kernel 32.8 / 33.6 at each of them.
+GEMV_MAX_M = 4
+# GEMV tile at M = 1: rows of W per program, 16-element blocks per loop step (BLOCK_B * 8 bytes of each row), warps,
+# and the programs per SM below which the rows per program halve (down to GEMV_MIN_BLOCK_N) and then K is split.
+# Run h / i (M = 1): 4096 x 14336 on 4 rows took 15.2 us unsplit, 16.1 on 2 rows, 18.1 split in two (the split-K
+# reduce is a second launch); 14336 x 4096 15.5 us. The M = 2..4 tile (GEMV_MR_*, split below PROGRAMS_PER_SM) took
+# 20.0 / 18.9 us at M = 2 against 21.7 / 20.1 with the M = 1 tile.
 GEMV_BLOCK_N = 4
 GEMV_BLOCK_B = 128
 GEMV_WARPS = 4
+GEMV_PROGRAMS_PER_SM = 4
+GEMV_MIN_BLOCK_N = 2
+GEMV_MR_BLOCK_N = 4
+GEMV_MR_BLOCK_B = 64
+GEMV_MR_WARPS = 2
 # Tensor-core tile for M <= 16: rows of W per program, words (8 values) per K step, warps, pipelining stages, and
 # K order (the decoded planes interleaved for one long dot: 100 -> 57 us). Larger M keeps the earlier tile.
 DOT_BLOCK_N = 64
@@ -58,11 +68,12 @@ DOT_KORDER = True
 DOT_ASM = True
 DOT_SBLK = True
 GEMV_STAGES = 2
-GEMV_PREFETCH = False  # register double-buffer of the weight words and scales (slower in the sweep: more registers)
+GEMV_PREFETCH = False  # register double buffer of the next step's words and scales
+GEMV_ASM = True  # the GEMV's words decoded by inline PTX (never under the interpreter, which runs the Triton decode)
 # Programs wanted per SM before split-K stops adding splits. The measured 18%-of-bandwidth numbers came from too few
 # bytes in flight: a GEMV program holds one 16 KB step (8 rows x 256 blocks x 8 bytes) and ~3 fit per SM (73 regs x
 # 256 threads), so 4096 x 14336 ran 512 programs in 1.3 waves; the dot kernel ran 32 programs (N / 128) for 132 SMs.
-PROGRAMS_PER_SM = 8  # GEMV: 4096 x 14336 at M = 1 -> 2 splits, 1024 programs
+PROGRAMS_PER_SM = 8  # GEMV at M = 2..4 (M = 1: GEMV_PROGRAMS_PER_SM): 4096 x 14336 -> 2 splits, 2048 programs
 DOT_PROGRAMS_PER_SM = 4  # dot: 4096 x 14336 -> 14 splits x 32 = 448 programs; 14336 x 4096 -> 4 x 112 = 448
 MIN_SPLIT_BLOCK_B = 32  # the smallest GEMV K step (in 16-element blocks) split-K shrinks to
 INTERPRETER_SMS = 4  # a small fake SM count under the interpreter, so the split-K path runs in CI
@@ -173,8 +184,12 @@ def supports_quantize(device_type: str):
 # (``hh``) of a word at once, then paired two per int32 (``0xFF00FF00`` masks) and widened to fp32. Values are
 # ``e2m1 * 2**-14`` exactly (code 1 is an fp16 subnormal). Block scales are decoded in 32-bit arithmetic too:
 # ``(s & 0x7F) << 20`` read as fp32 is ``scale * 2**-120`` (an fp32 subnormal for e4m3 subnormals; Triton emits no
-# flush-to-zero), times a power of two. Performance notes (sm_90 SASS, read with ptxas/cuobjdump on a CPU host, not
-# timed): the GEMV loop runs ~6 instructions per weight value at M = 1; the tensor-core loop (Triton 3.6) 560
+# flush-to-zero), times a power of two; the GEMV's as fp16 bits ``(s & 0x7F) << 7`` = ``scale * 2**-8`` (e4m3
+# subnormals become fp16 subnormals), widened to fp32. Performance notes (sm_90 SASS, read with ptxas/cuobjdump on a
+# CPU host, not timed): the GEMV loop ran ~6 instructions per weight value at M = 1 with the Triton decode and 16
+# shared-memory layout conversions a step (Triton 3.6); now 284 a thread per 64 values (4 rows; 540 per 128 on 8
+# rows), none through shared memory: 10 logic ops + 8 ``cvt.f32.f16`` per word (:func:`_asm_word_text`) and an FMA
+# per value. The tensor-core loop (Triton 3.6) 560
 # instructions per 64 values a thread with the Triton decode, 422 with the PTX one and once-per-block scales
 # (``_decode_scaled_asm``: 2 shifts + 2 masks per pair and one packed multiply by the scale, no fp32 round trip).
 
@@ -211,82 +226,168 @@ def _scale_bits(sb):
     return ((sb << 20) & 0x07F00000).to(tl.float32, bitcast=True)
 
 
-@triton.jit
-def _gemv_row(x_row, blks, bmask, v0, v1, v2, v3, v4, v5, v6, v7, s):
-    """Block sums of one row of x against the decoded [BN, BB, 2] words, times the block scales: [BN, BB]."""
-    BB: tl.constexpr = blks.shape[0]
-    xv = tl.load(x_row + blks[:, None, None] * 16 + tl.arange(0, 2)[None, :, None] * 8
-                 + tl.arange(0, 8)[None, None, :], mask=bmask[:, None, None], other=0.0).to(tl.float32)
-    a, b = tl.split(tl.reshape(xv, [BB, 2, 4, 2]))  # even / odd elements of each word
-    a0, a1 = tl.split(tl.reshape(a, [BB, 2, 2, 2]))
-    b0, b1 = tl.split(tl.reshape(b, [BB, 2, 2, 2]))
-    x0, x4 = tl.split(a0)
-    x2, x6 = tl.split(a1)
-    x1, x5 = tl.split(b0)
-    x3, x7 = tl.split(b1)
-    p = (v0 * x0[None] + v1 * x1[None] + v2 * x2[None] + v3 * x3[None] + v4 * x4[None] + v5 * x5[None]
-         + v6 * x6[None] + v7 * x7[None])  # one FMA chain
-    return tl.sum(p, axis=2) * s
+def _asm_word_text() -> str:
+    """PTX: int32 word $8 (8 codes) -> its 8 values ``e2m1 * 2**-14`` as fp32 $0..$7 (element order), exact. Six
+    logic ops build the fp16 high bytes of all 8 codes (``sign << 7 | (code & 7) << 1``; low nibbles in ``hl``, high
+    nibbles in ``hh``, each a bit select of two shifted copies of the word), two per byte pair move them into 16-bit
+    halves with a zero low byte, and one ``cvt.f32.f16`` per value widens them (code 1 is an fp16 subnormal)."""
+    sel = "0xE4"  # lop3 look-up table of c ? a : b
+    return "\n".join([
+        "{", ".reg .b32 g, s4, s1, hl, r3, hh, pa, pb, pc, pd;", ".reg .b16 l, h;",
+        "and.b32 g, $8, 0x88888888;",  # the sign bits
+        "shl.b32 s4, g, 4;",  # low-nibble signs to bit 7 of their byte
+        "shl.b32 s1, $8, 1;",  # low-nibble e1.e0.m to bits 1..3
+        f"lop3.b32 hl, s1, s4, 0x0E0E0E0E, {sel};",  # bytes: codes 0, 2, 4, 6
+        "shr.u32 r3, $8, 3;",  # high-nibble e1.e0.m to bits 1..3; their signs are already at bit 7 in g
+        f"lop3.b32 hh, r3, g, 0x0E0E0E0E, {sel};",  # bytes: codes 1, 3, 5, 7
+        "prmt.b32 pb, hl, 0, 0x2404;", "and.b32 pa, hl, 0xFF00FF00;",  # codes (0, 4) and (2, 6)
+        "prmt.b32 pd, hh, 0, 0x2404;", "and.b32 pc, hh, 0xFF00FF00;",  # codes (1, 5) and (3, 7)
+        "mov.b32 {l, h}, pb;", "cvt.f32.f16 $0, l;", "cvt.f32.f16 $4, h;",
+        "mov.b32 {l, h}, pd;", "cvt.f32.f16 $1, l;", "cvt.f32.f16 $5, h;",
+        "mov.b32 {l, h}, pa;", "cvt.f32.f16 $2, l;", "cvt.f32.f16 $6, h;",
+        "mov.b32 {l, h}, pc;", "cvt.f32.f16 $3, l;", "cvt.f32.f16 $7, h;",
+        "}"])
+
+
+_ASM_WORD = tl.constexpr(_asm_word_text())
 
 
 @triton.jit
+def _decode_word_f32(w, ASM: tl.constexpr):
+    """int32 words -> 8 planes of fp32 ``e2m1 * 2**-14`` (element order); ASM: inline PTX, else Triton ops."""
+    if ASM:
+        return tl.inline_asm_elementwise(_ASM_WORD, "=f,=f,=f,=f,=f,=f,=f,=f,r", [w], dtype=(tl.float32,) * 8,
+                                         is_pure=True, pack=1)
+    else:
+        return _decode_words(w)
+
+
+@triton.jit
+def _scale_f16(sb):
+    """e4m3 scale bytes (uint8) -> fp32 ``scale * 2**-8``, exact: ``(s & 0x7F) << 7`` is that value's fp16 bits
+    (e4m3 subnormals become fp16 subnormals)."""
+    h = ((sb.to(tl.int32) & 0x7F) << 7).to(tl.int16)
+    return h.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _x16(xq, DT: tl.constexpr):
+    """8 bytes of x (int64, four 16-bit values) -> 4 fp32 values in element order."""
+    lo = xq.to(tl.int32)
+    hi = (xq >> 32).to(tl.int32)
+    if DT == tl.bfloat16:  # bf16 bits are the top half of the fp32 bits
+        return ((lo << 16).to(tl.float32, bitcast=True), (lo & -65536).to(tl.float32, bitcast=True),
+                (hi << 16).to(tl.float32, bitcast=True), (hi & -65536).to(tl.float32, bitcast=True))
+    else:
+        return (lo.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32),
+                (lo >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32),
+                hi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32),
+                (hi >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32))
+
+
+@triton.jit
+def _ld(ptrs, mask):
+    if mask is None:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=mask, other=0)
+
+
+@triton.jit
+def _gemv_block(x_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
+    """Sum over each 16-element block of one row of x times the decoded values (a: word 0, b: word 1 of the block,
+    [BB, BN] each): [BB, BN]. ``blks`` and ``bmask`` (which may be None) are [BB, 1], so x is loaded straight into
+    the layout it is used in (1-D x tensors took a shared-memory layout conversion each with Triton 3.6). 16-bit x
+    is read as four 8-byte words per block and widened by bit ops."""
+    DT: tl.constexpr = x_row.dtype.element_ty
+    if DT == tl.float32:
+        xb = x_row + blks * 16
+        x0, x1, x2, x3 = _ld(xb, bmask), _ld(xb + 1, bmask), _ld(xb + 2, bmask), _ld(xb + 3, bmask)
+        x4, x5, x6, x7 = _ld(xb + 4, bmask), _ld(xb + 5, bmask), _ld(xb + 6, bmask), _ld(xb + 7, bmask)
+        x8, x9, x10, x11 = _ld(xb + 8, bmask), _ld(xb + 9, bmask), _ld(xb + 10, bmask), _ld(xb + 11, bmask)
+        x12, x13, x14, x15 = _ld(xb + 12, bmask), _ld(xb + 13, bmask), _ld(xb + 14, bmask), _ld(xb + 15, bmask)
+    else:
+        xq = x_row.to(tl.pointer_type(tl.int64), bitcast=True) + blks * 4
+        x0, x1, x2, x3 = _x16(_ld(xq, bmask), DT)
+        x4, x5, x6, x7 = _x16(_ld(xq + 1, bmask), DT)
+        x8, x9, x10, x11 = _x16(_ld(xq + 2, bmask), DT)
+        x12, x13, x14, x15 = _x16(_ld(xq + 3, bmask), DT)
+    return (a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3 + a4 * x4 + a5 * x5 + a6 * x6 + a7 * x7 + b0 * x8 + b1 * x9
+            + b2 * x10 + b3 * x11 + b4 * x12 + b5 * x13 + b6 * x14 + b7 * x15)  # one FMA chain per row and block
+
+
+@triton.jit
+def _gemv_load(w_rows, s_rows, blks, b_end, rmask, EVEN: tl.constexpr):
+    """The [blocks, rows] tile's words (int64: both words of a block) and scale bytes; zeros where masked."""
+    if EVEN:
+        return tl.load(w_rows + blks), tl.load(s_rows + blks)
+    else:
+        m2 = (blks < b_end) & rmask[None, :]
+        return tl.load(w_rows + blks, mask=m2, other=0), tl.load(s_rows + blks, mask=m2, other=0)
+
+
+@triton.jit(do_not_specialize=["ZERO"])
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, NB, stride_xm, stride_wn, stride_sn,
-                 stride_om, blocks_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, PREFETCH: tl.constexpr):
-    """CUDA-core GEMV for up to 4 rows of x. Tile [BLOCK_N rows, BLOCK_B blocks, 2 words]: the K blocks spread over
-    the lanes (one 8-byte load per row and block), the rows stay inside each thread so each x value is loaded once and
-    used for all of them; block sums are scaled once per block. Program (pid_n, pid_k) covers rows pid_n * BLOCK_N ..
-    and blocks pid_k * blocks_per_split ..; with SPLIT, fp32 partials go to part_ptr [splits, M, N]."""
+                 stride_om, blocks_per_split, ZERO, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, ASM: tl.constexpr,
+                 EVEN: tl.constexpr, PREFETCH: tl.constexpr = False):
+    """CUDA-core GEMV for up to 4 rows of x. Tile [BLOCK_B blocks, BLOCK_N rows]: the K blocks spread over the lanes
+    (one 8-byte load per row and block: the block's two words), the rows stay inside each thread so each x value is
+    loaded and widened once and used for all of them; block sums are scaled once per block. ASM: the words are
+    decoded by inline PTX (:func:`_asm_word_text`), else by Triton ops (the interpreter). Program (pid_n, pid_k)
+    covers rows pid_n * BLOCK_N .. and blocks pid_k * blocks_per_split ..; with SPLIT, fp32 partials go to part_ptr
+    [splits, M, N]. 16-bit x must be 8-byte aligned with a row stride that is a multiple of 4 (the host sees to it).
+    EVEN: N is a multiple of BLOCK_N and every split a whole number of BLOCK_B steps, so no load is masked. ZERO
+    is 0 (see the loop)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     bb = tl.arange(0, BLOCK_B)
     rmask = rows < N
     rows64 = rows.to(tl.int64)
-    w_rows = w_ptr + rows64[:, None, None] * stride_wn + tl.arange(0, 2)[None, None, :]
-    s_rows = s_ptr + rows64[:, None] * stride_sn
+    w_rows = w_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + rows64[None, :] * (stride_wn // 2)  # block words
+    s_rows = s_ptr + rows64[None, :] * stride_sn
     b_start = pid_k * blocks_per_split
     b_end = tl.minimum(b_start + blocks_per_split, NB)
-    acc0 = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
-    acc3 = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
-    # register prefetch: the next step's words and scales are loaded before this step's math, so two steps of
-    # weight bytes are in flight per program (Triton's pipeliner only stages loads that feed a dot)
-    # (PREFETCH; more registers, so fewer programs per SM: the benchmark's sweep decides)
-    if PREFETCH:
-        m2n = rmask[:, None] & ((b_start + bb) < b_end)[None, :]
-        w_next = tl.load(w_rows + (b_start + bb)[None, :, None] * 2, mask=m2n[:, :, None], other=0)  # [BN, BB, 2]
-        s_next = tl.load(s_rows + (b_start + bb)[None, :], mask=m2n, other=0)
-    else:
-        w_next = tl.zeros([BLOCK_N, BLOCK_B, 2], dtype=tl.int32)
-        s_next = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.uint8)
-    for b0 in range(b_start, b_end, BLOCK_B):
-        blks = b0 + bb
-        bmask = blks < b_end
+    acc0 = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    # rows of x past M read row M - 1 again (in bounds, unmasked); their sums are never stored
+    x1_row = x_ptr + tl.minimum(1, M - 1) * stride_xm
+    x2_row = x_ptr + tl.minimum(2, M - 1) * stride_xm
+    x3_row = x_ptr + tl.minimum(3, M - 1) * stride_xm
+    # Tiles are [blocks, rows], and every load (the block's two words as one int64, its scale byte, x's four 8-byte
+    # words) must come out one element per thread in one layout, the blocks over the lanes; each mismatch is a
+    # shared-memory layout conversion with barriers in the loop (Triton 3.6 made 16). Adding ZERO, an unspecialized
+    # argument, leaves the blocks contiguous (so Triton orders them first, where a tie is broken one way in 3.6 and
+    # the other in 3.9) but of unknown alignment (so no load is vectorized).
+    bb = bb[:, None] + ZERO
+    if PREFETCH:  # the next step's words and scales are loaded before this step's math (a register double buffer)
+        w_nx, sb_nx = _gemv_load(w_rows, s_rows, b_start + bb, b_end, rmask, False)
+    for k0 in range(b_start, b_end, BLOCK_B):
+        blks = k0 + bb
         if PREFETCH:
-            w = w_next
-            sb = s_next
-            nb_ = blks + BLOCK_B
-            m2n = rmask[:, None] & (nb_ < b_end)[None, :]
-            w_next = tl.load(w_rows + nb_[None, :, None] * 2, mask=m2n[:, :, None], other=0)
-            s_next = tl.load(s_rows + nb_[None, :], mask=m2n, other=0)
+            w, sb = w_nx, sb_nx
+            w_nx, sb_nx = _gemv_load(w_rows, s_rows, blks + BLOCK_B, b_end, rmask, False)
         else:
-            m2 = rmask[:, None] & bmask[None, :]
-            w = tl.load(w_rows + blks[None, :, None] * 2, mask=m2[:, :, None], other=0)  # [BN, BB, 2] words
-            sb = tl.load(s_rows + blks[None, :], mask=m2, other=0)
-        s = _scale_bits(sb.to(tl.int32)) * 1.329227995784916e36
-        v0, v1, v2, v3, v4, v5, v6, v7 = _decode_words(w)  # 2**120 above: s is the scale itself
-        acc0 += _gemv_row(x_ptr, blks, bmask, v0, v1, v2, v3, v4, v5, v6, v7, s)
+            w, sb = _gemv_load(w_rows, s_rows, blks, b_end, rmask, EVEN)
+        bmask = None if EVEN else blks < b_end
+        wa = w.to(tl.int32)  # elements 0..7 of the block
+        wb = (w >> 32).to(tl.int32)  # 8..15
+        s = _scale_f16(sb)  # scale * 2**-8
+        a0, a1, a2, a3, a4, a5, a6, a7 = _decode_word_f32(wa, ASM)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _decode_word_f32(wb, ASM)
+        acc0 += _gemv_block(x_ptr, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7) * s
         if BLOCK_M > 1:
-            mr1 = bmask & (blks * 0 + M > 1)
-            acc1 += _gemv_row(x_ptr + stride_xm, blks, mr1, v0, v1, v2, v3, v4, v5, v6, v7, s)
+            acc1 += _gemv_block(x1_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7,
+                                b0, b1, b2, b3, b4, b5, b6, b7) * s
         if BLOCK_M > 2:
-            mr2 = bmask & (blks * 0 + M > 2)
-            mr3 = bmask & (blks * 0 + M > 3)
-            acc2 += _gemv_row(x_ptr + 2 * stride_xm, blks, mr2, v0, v1, v2, v3, v4, v5, v6, v7, s)
-            acc3 += _gemv_row(x_ptr + 3 * stride_xm, blks, mr3, v0, v1, v2, v3, v4, v5, v6, v7, s)
-    f = tl.math.div_rn(16384.0, tl.load(gs_ptr))  # undo the codes' 2**-14, divide by the global scale
+            acc2 += _gemv_block(x2_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7,
+                                b0, b1, b2, b3, b4, b5, b6, b7) * s
+            acc3 += _gemv_block(x3_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7,
+                                b0, b1, b2, b3, b4, b5, b6, b7) * s
+    f = tl.math.div_rn(4194304.0, tl.load(gs_ptr))  # undo the codes' 2**-14 and the scales' 2**-8; / global scale
     _gemv_store(acc0, 0, f, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
     if BLOCK_M > 1:
         _gemv_store(acc1, 1, f, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
@@ -298,7 +399,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N,
 @triton.jit
 def _gemv_store(acc, m, f, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS: tl.constexpr,
                 SPLIT: tl.constexpr):
-    res = tl.sum(acc, axis=1) * f
+    res = tl.sum(acc, axis=0) * f  # acc [BLOCK_B, BLOCK_N]
     mask = rmask & (rows * 0 + m < M)
     if SPLIT:
         tl.store(part_ptr + (pid_k * M + m).to(tl.int64) * N + rows, res, mask=mask)
@@ -521,6 +622,19 @@ def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = GEMV_BLOCK_N, block
     return block_b, triton.cdiv(nblocks, per_split), per_split
 
 
+def gemv_config(n: int, m: int, sms: int) -> tuple[int, int, int, int]:
+    """The NVFP4 GEMV's default (block_n, block_b, num_warps, programs_per_sm) for N rows of W and M rows of x. M = 1:
+    the GEMV_* tile, its rows per program halved (not below GEMV_MIN_BLOCK_N) while N / block_n programs leave fewer
+    than GEMV_PROGRAMS_PER_SM per SM; :func:`gemv_plan` splits K below that. M > 1: the GEMV_MR_* tile, split below
+    PROGRAMS_PER_SM."""
+    if m > 1:
+        return GEMV_MR_BLOCK_N, GEMV_MR_BLOCK_B, GEMV_MR_WARPS, PROGRAMS_PER_SM
+    block_n = GEMV_BLOCK_N
+    while block_n > GEMV_MIN_BLOCK_N and triton.cdiv(n, block_n) < GEMV_PROGRAMS_PER_SM * sms:
+        block_n //= 2
+    return block_n, GEMV_BLOCK_B, GEMV_WARPS, GEMV_PROGRAMS_PER_SM
+
+
 def split_plan(programs: int, steps: int, step: int, sms: int, per_sm: int) -> tuple[int, int]:
     """(splits, units_per_split) cutting ``steps`` K steps of ``step`` units each so that ``programs`` x splits
     reaches ``per_sm`` x ``sms`` (never an empty split); shapes only, so it is capture-safe."""
@@ -573,15 +687,22 @@ def w4a16_linear(x, w_packed, w_block_scale, w_global_scale, bias=None, *, kerne
     if kernel == "gemv":
         if m > 4:
             raise ValueError(f"the GEMV kernel takes at most 4 rows of x, got {m}")
-        block_n = cfg.get("block_n", GEMV_BLOCK_N)
-        block_b, splits, per_split = gemv_plan(n, nb, cfg.get("sms", sm_count(x.device, INTERPRETER_SMS)), block_n,
-                                               cfg.get("block_b", GEMV_BLOCK_B), splits=cfg.get("splits"))
+        sms = cfg.get("sms", sm_count(x.device, INTERPRETER_SMS))
+        block_n, block_b, warps, per_sm = gemv_config(n, m, sms)
+        block_n = cfg.get("block_n", block_n)
+        block_b, splits, per_split = gemv_plan(n, nb, sms, block_n, cfg.get("block_b", block_b), per_sm,
+                                               splits=cfg.get("splits"))
         part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+        if x.element_size() == 2 and (x.data_ptr() % 8 or (m > 1 and x.stride(0) % 4)):
+            x = x.clone(memory_format=torch.contiguous_format)  # the kernel reads 16-bit x as 8-byte words
+        if words.data_ptr() % 8:  # and a block's two words as one 8-byte word (rows are K/2 bytes, K % 16 == 0)
+            words = words.clone()
         _gemv_kernel[(triton.cdiv(n, block_n), splits)](
             x, words, scales, gs, bias_arg, out, part, m, n, nb, x.stride(0), words.stride(0), scales.stride(0),
-            out.stride(0), per_split, HAS_BIAS=has_bias, SPLIT=splits > 1, BLOCK_M=triton.next_power_of_2(m),
-            BLOCK_N=block_n, BLOCK_B=block_b, PREFETCH=cfg.get("prefetch", GEMV_PREFETCH),
-            num_warps=cfg.get("num_warps", GEMV_WARPS), num_stages=cfg.get("num_stages", GEMV_STAGES))
+            out.stride(0), per_split, 0, HAS_BIAS=has_bias, SPLIT=splits > 1, BLOCK_M=triton.next_power_of_2(m),
+            BLOCK_N=block_n, BLOCK_B=block_b, ASM=bool(cfg.get("asm", GEMV_ASM)) and not interpreting(),
+            EVEN=n % block_n == 0 and nb % per_split == 0, PREFETCH=bool(cfg.get("prefetch", GEMV_PREFETCH)),
+            num_warps=cfg.get("num_warps", warps), num_stages=cfg.get("num_stages", GEMV_STAGES))
         return splitk_reduce(part, bias, out) if splits > 1 else out
     dc = dot_config(m, x.dtype)
     dc.update(cfg)

@@ -198,6 +198,19 @@ def test_linear_strided_x_and_empty(seed):
     assert kmod.w4a16_linear(x[:0], w, bs, gs, bias).shape == (0, 16)
 
 
+def test_gemv_config():
+    """M = 1: fewer rows per program before K is split (1024 rows on 132 SMs: 512 programs of 2 rows, then a split),
+    none for the H200 shapes; M > 1 the multi-row tile; the GEMV is the default kernel up to GEMV_MAX_M rows of x."""
+    tile = (kmod.GEMV_BLOCK_N, kmod.GEMV_BLOCK_B, kmod.GEMV_WARPS, kmod.GEMV_PROGRAMS_PER_SM)
+    assert kmod.gemv_config(14336, 1, 132) == tile
+    assert kmod.gemv_config(4096, 1, 132) == tile
+    assert kmod.gemv_plan(4096, 896, 132, *tile[:2], tile[3])[1] == 1  # 4096 x 14336: 1024 programs, K not split
+    assert kmod.gemv_config(1024, 1, 132)[0] == kmod.GEMV_MIN_BLOCK_N
+    assert kmod.gemv_config(4096, 3, 132) == (kmod.GEMV_MR_BLOCK_N, kmod.GEMV_MR_BLOCK_B, kmod.GEMV_MR_WARPS,
+                                              kmod.PROGRAMS_PER_SM)
+    assert 1 <= kmod.GEMV_MAX_M <= 4
+
+
 def test_gemv_plan():
     assert kmod.gemv_plan(14336, 256, 132)[1] == 1  # up/gate projections: enough rows
     # down projection: 512 programs of 8 rows -> 1024; at the default 4 rows, 1024 programs -> 2048
@@ -232,15 +245,32 @@ def test_dot_split_k(splits, seed):
                                    _nvfp4_linear_ref(x, w, bs, gs, b), atol=tol.atol, rtol=tol.rtol)
 
 
-@pytest.mark.parametrize("prefetch", [True, False])
-def test_gemv_prefetch_and_configs(prefetch, seed):
-    """The GEMV with and without the register prefetch, several steps per split, explicit splits."""
-    n, k = 12, 2048
-    for m, cfg in ((1, {"block_b": 16, "splits": 3}), (2, {"block_b": 32, "splits": 1}), (4, {"block_n": 4})):
-        x, w, bs, gs, b = _nvfp4_linear_inputs({"m": m, "n": n, "k": k, "bias": True}, torch.float32, DEVICE,
-                                               _gen(seed))
-        got = kmod.w4a16_linear(x, w, bs, gs, b, kernel="gemv", config=dict(cfg, prefetch=prefetch))
-        torch.testing.assert_close(got, _nvfp4_linear_ref(x, w, bs, gs, b), atol=1e-4, rtol=1e-4)
+@pytest.mark.parametrize("asm", [True, False])
+def test_gemv_decode_and_configs(asm, seed):
+    """The GEMV with the inline-PTX decode (GPU only; the interpreter runs the Triton decode) and the Triton one,
+    unmasked (whole tiles) and masked, several steps per split, explicit splits, the register prefetch, every x
+    dtype and up to 4 rows."""
+    n, k = 16, 2048
+    for m, cfg, dtype in ((1, {"block_b": 16, "splits": 3}, torch.float32),  # 128 blocks in 3 splits: masked
+                          (1, {"block_b": 32, "splits": 2, "block_n": 8}, torch.bfloat16),  # whole tiles
+                          (2, {"block_b": 32, "splits": 1}, torch.float16), (3, {"block_n": 4}, torch.bfloat16),
+                          (4, {"block_n": 8, "block_b": 64}, torch.float32),
+                          (1, {"block_b": 16, "splits": 3, "prefetch": True}, torch.bfloat16),  # masked prefetch
+                          (2, {"block_b": 32, "splits": 2, "prefetch": True}, torch.float16)):  # whole tiles
+        x, w, bs, gs, b = _nvfp4_linear_inputs({"m": m, "n": n, "k": k, "bias": True}, dtype, DEVICE, _gen(seed))
+        got = kmod.w4a16_linear(x, w, bs, gs, b, kernel="gemv", config=dict(cfg, asm=asm))
+        tol = nvfp4_linear.tolerances[torch.bfloat16 if dtype == torch.float16 else dtype]
+        torch.testing.assert_close(got, _nvfp4_linear_ref(x, w, bs, gs, b), atol=tol.atol, rtol=tol.rtol)
+
+
+def test_gemv_unaligned_16bit_x(seed):
+    """16-bit x is read as 8-byte words: a row view at an odd element offset or an odd row stride is copied first."""
+    g = _gen(seed)
+    x, w, bs, gs, _ = _nvfp4_linear_inputs({"m": 2, "n": 8, "k": 64, "bias": False}, torch.bfloat16, DEVICE, g)
+    big = torch.randn(3, 67, generator=g).to(torch.bfloat16).to(DEVICE)
+    for xs in (big[:1, 1:65], big[:2, 3:67]):  # offset 1 element; row stride 67
+        torch.testing.assert_close(kmod.w4a16_linear(xs, w, bs, gs, None, kernel="gemv"),
+                                   _nvfp4_linear_ref(xs, w, bs, gs, None), atol=1e-2, rtol=1e-2)
 
 
 # ---------------------------------------------------------------------------------------------------- native FP4
