@@ -13,10 +13,14 @@ decode batch) it prints, per shape, the median time per call of
           ``_native`` function on preallocated outputs; the registered wrapper adds ~6 us and an allocation a call,
           which eager mode pays and a decode step does not); checked against the registered implementation;
 * q8act:  the native ``gguf_linear_q8act`` kernel, called the same way (x rounded to Q8 blocks, integer block dots);
+* packed: the same op on the row-interleaved copy of the weights (``gguf_linear_q8act_packed``, csrc/gguf_packed.h,
+          what the registered ``gguf_linear_q8act`` uses on x86), the copies made beforehand as the plugin makes
+          them (on huge pages; time printed);
 * torch:  ``F.linear`` in fp32 on the weight dequantized beforehand (what a dequantize-at-load engine
           does, 4x the bytes; the issue's goal is the fused INT4 GEMV >= 4x faster than this at M = 1);
 
-the fused kernel's effective bandwidth (GGUF bytes / time), and the whole step. The previous
+each kernel's effective bandwidth (GGUF bytes / time; at M = 1 also as % of the streaming read bandwidth), and
+the whole step. The previous
 implementation (dequantize every call, then torch matmul) is timed on one layer for reference.
 Run: ``python benchmarks/bench_cpu_gguf_linear.py [--threads N] [--isa NAME] [--m 1 32] [--steps 10]``.
 
@@ -46,6 +50,7 @@ from engine.core.ops.gguf_quant import GGUF_QTYPES, Q4_1, Q8_0, gguf_linear
 from engine.platforms.cpu import _native
 from engine.platforms.cpu.kernels import register
 from engine.platforms.cpu.kernels.gguf import _dequant as native_dequant
+from engine.platforms.cpu.kernels.gguf import _packed_weight as packed_weight
 
 LAYERS = 30
 # (name, qtype, K, N, calls per layer); the LM head runs once per step
@@ -197,7 +202,19 @@ def main() -> None:
             return y
         return call
 
-    kernels = {"fused": native(_native.gguf_linear), "q8act": native(_native.gguf_linear_q8act)}
+    packs: dict = {}  # id(raw) -> the packed copy
+
+    def packed_call(x, raw, qtype, k):
+        n = raw.shape[0]
+        y = outs.get((x.shape[0], n))
+        if y is None:
+            y = outs[x.shape[0], n] = torch.empty(x.shape[0], n)
+        _native.gguf_linear_q8act_packed(qtype, x.data_ptr(), k, x.shape[0], k, raw.data_ptr(), raw.stride(0), n,
+                                         y.data_ptr(), n, 0, packs[id(raw)].data_ptr())
+        return y
+
+    kernels = {"fused": native(_native.gguf_linear), "q8act": native(_native.gguf_linear_q8act),
+               "packed": packed_call}
     gen = torch.Generator().manual_seed(0)
     print(f"isa {_native.isa()}, native threads {_native.num_threads()}, torch threads {torch.get_num_threads()}")
     weights = {}  # name -> list of (raw, fp32 weight), one per layer (one for the head)
@@ -206,9 +223,17 @@ def main() -> None:
         raws = [random_raw(n, k, qtype, gen) for _ in range(copies)]
         weights[name] = [(r, native_dequant(r, qtype, k, torch.float32)) for r in raws]
     step_bytes = sum(weights[name][0][0].numel() * (per_layer * LAYERS or 1) for name, _, _, _, per_layer in SHAPES)
+    t = time.perf_counter()
+    for name, qtype, k, _, _ in SHAPES:
+        for raw, _ in weights[name]:
+            packs[id(raw)] = packed_weight(raw, qtype, k)  # as the engine makes them (huge-page arenas)
+    t_pack = time.perf_counter() - t
+    time.sleep(0.1)  # the native pool's workers stop spinning (else they halve torch's read below)
     bw = read_bandwidth(step_bytes)
     print(f"streaming read bandwidth (fp32 sum over {step_bytes / 1e6:.0f} MB, one step's GGUF bytes): "
-          f"{bw / 1e9:.1f} GB/s; GB/s below: GGUF bytes / median time per call")
+          f"{bw / 1e9:.1f} GB/s; GB/s below: GGUF bytes / median time per call; packing all weights "
+          f"({sum(p.numel() for p in packs.values()) / 1e6:.1f} MB, variant {_native.gguf_packed_variant()}): "
+          f"{t_pack * 1e3:.0f} ms")
     for m in args.m:
         xs = {k: torch.randn(m, k, generator=gen) for k in {s[2] for s in SHAPES}}
         for name, qtype, k, _, _ in SHAPES:  # correctness of what is timed
@@ -216,12 +241,16 @@ def main() -> None:
             torch.testing.assert_close(fused(xs[k], raw, qtype, k), F.linear(xs[k], w), atol=1e-3, rtol=1e-3)
             torch.testing.assert_close(kernels["fused"](xs[k], raw, qtype, k), F.linear(xs[k], w), atol=1e-3,
                                        rtol=1e-3)
-            torch.testing.assert_close(kernels["q8act"](xs[k], raw, qtype, k), q8act(xs[k], raw, qtype, k))
+            torch.testing.assert_close(kernels["q8act"](xs[k], raw, qtype, k).clone(),
+                                       gguf_linear_q8act.reference(xs[k], raw, qtype, k), atol=1e-3, rtol=1e-3)
             torch.testing.assert_close(q8act(xs[k], raw, qtype, k), gguf_linear_q8act.reference(xs[k], raw, qtype, k),
                                        atol=1e-3, rtol=1e-3)
-        logs = {(name, which): [] for name, *_ in SHAPES for which in ("fused", "q8act", "torch")}
-        steps = {"fused": [], "q8act": [], "torch": []}
-        for which in ("fused", "q8act", "torch"):  # each kernel's steps back to back (see the module docstring)
+            torch.testing.assert_close(kernels["packed"](xs[k], raw, qtype, k).clone(),
+                                       gguf_linear_q8act.reference(xs[k], raw, qtype, k), atol=1e-3, rtol=1e-3)
+        which_all = ("fused", "q8act", "packed", "torch")
+        logs = {(name, which): [] for name, *_ in SHAPES for which in which_all}
+        steps = {which: [] for which in which_all}
+        for which in which_all:  # each kernel's steps back to back (see the module docstring)
             for step in range(args.steps + 1):
                 t0 = time.perf_counter()
                 for layer in range(LAYERS):
@@ -238,25 +267,27 @@ def main() -> None:
                 if step:  # step 0 warms up
                     steps[which].append(time.perf_counter() - t0)
         print(f"{'shape':<12} {'qtype':<5} {'M':>3} {'K':>5} {'N':>6} {'fused us':>9} {'GB/s':>6} {'q8act us':>9} "
-              f"{'GB/s':>6} "
+              f"{'GB/s':>6} {'packed us':>9} {'GB/s':>6} {'q8act/packed':>12} "
               f"{'torch us':>9} {'torch/fused':>11} {'torch/q8act':>11} {'old us':>9}")
         for name, qtype, k, n, _ in SHAPES:
             raw, _ = weights[name][0]
             t_f, t_t = statistics.median(logs[name, "fused"]), statistics.median(logs[name, "torch"])
-            t_q = statistics.median(logs[name, "q8act"])
+            t_q, t_p = statistics.median(logs[name, "q8act"]), statistics.median(logs[name, "packed"])
             old_log = []
             for _ in range(3):
                 timed(lambda: old(xs[k], raw, qtype, k), old_log)  # noqa: B023
             print(f"{name:<12} {GGUF_QTYPES[qtype][0]:<5} {m:>3} {k:>5} {n:>6} {t_f * 1e6:>9.1f} "
                   f"{raw.numel() / t_f / 1e9:>6.1f} {t_q * 1e6:>9.1f} {raw.numel() / t_q / 1e9:>6.1f} "
+                  f"{t_p * 1e6:>9.1f} {raw.numel() / t_p / 1e9:>6.1f} {t_q / t_p:>11.2f}x "
                   f"{t_t * 1e6:>9.1f} "
                   f"{t_t / t_f:>10.2f}x "
                   f"{t_t / t_q:>10.2f}x {min(old_log) * 1e6:>9.1f}")
-        s_f, s_q, s_t = (statistics.median(steps[w]) for w in ("fused", "q8act", "torch"))
-        pct = (f" ({step_bytes / s_f / bw * 100:.0f}% / {step_bytes / s_q / bw * 100:.0f}% of the read bandwidth)"
-               if m == 1 else "")
-        print(f"one step of all linear layers, M={m}: fused {s_f * 1e3:.2f} ms, q8act {s_q * 1e3:.2f} ms{pct}, "
-              f"torch fp32 {s_t * 1e3:.2f} ms (torch/fused {s_t / s_f:.2f}x, torch/q8act {s_t / s_q:.2f}x)\n")
+        s_f, s_q, s_p, s_t = (statistics.median(steps[w]) for w in which_all)
+        pct = (f" ({step_bytes / s_f / bw * 100:.0f}% / {step_bytes / s_q / bw * 100:.0f}% / "
+               f"{step_bytes / s_p / bw * 100:.0f}% of the read bandwidth)" if m == 1 else "")
+        print(f"one step of all linear layers, M={m}: fused {s_f * 1e3:.2f} ms, q8act {s_q * 1e3:.2f} ms, packed "
+              f"{s_p * 1e3:.2f} ms{pct}, torch fp32 {s_t * 1e3:.2f} ms (torch/fused {s_t / s_f:.2f}x, torch/q8act "
+              f"{s_t / s_q:.2f}x, q8act/packed {s_q / s_p:.2f}x)\n")
 
 if __name__ == "__main__":
     main()

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "gguf_linear.h"
+#include "gguf_packed.h"
 #include "gguf_q8act.h"
 
 namespace py = pybind11;
@@ -41,6 +42,48 @@ void bind_gguf_linear(py::module_& m) {
       "block dots.");
   m.def("gguf_q8act_variant", &gguf_q8act_variant,
         "The kernel variant gguf_linear_q8act runs on now (avx512_vnni, avx2, neon_dotprod, neon, scalar).");
+
+  // The row-interleaved copy of a GGUF weight (gguf_packed.h) and the Q8-activation linear reading it.
+  m.def("gguf_packed_bytes", &gguf_packed_bytes, py::arg("qtype"), py::arg("n"), py::arg("k"),
+        "Bytes of the packed copy of n GGUF rows of k columns (rows padded to groups of 16).");
+  m.def(
+      "gguf_pack",
+      [](int qtype, std::uintptr_t w, int64_t w_stride, int64_t n, int64_t k, std::uintptr_t out) {
+        gguf_pack(qtype, reinterpret_cast<const uint8_t*>(w), w_stride, n, k, reinterpret_cast<uint8_t*>(out));
+        return gguf_packed_bytes(qtype, n, k);  // a value, so a CPU graph capture does not record it as work
+      },
+      py::arg("qtype"), py::arg("w"), py::arg("w_stride"), py::arg("n"), py::arg("k"), py::arg("out"),
+      py::call_guard<py::gil_scoped_release>(),
+      "Pack n GGUF rows (w_stride bytes apart) into out (gguf_packed_bytes bytes); returns the bytes written.");
+  m.def(
+      "gguf_unpack",
+      [](int qtype, std::uintptr_t packed, int64_t n, int64_t k, std::uintptr_t w, int64_t w_stride) {
+        gguf_unpack(qtype, reinterpret_cast<const uint8_t*>(packed), n, k, reinterpret_cast<uint8_t*>(w), w_stride);
+      },
+      py::arg("qtype"), py::arg("packed"), py::arg("n"), py::arg("k"), py::arg("w"), py::arg("w_stride"),
+      py::call_guard<py::gil_scoped_release>(), "The inverse of gguf_pack: n GGUF rows into w.");
+  m.def(
+      "gguf_advise_huge_pages",
+      [](std::uintptr_t p, int64_t bytes) { return gguf_advise_huge_pages(reinterpret_cast<void*>(p), bytes); },
+      py::arg("p"), py::arg("bytes"),
+      "Ask for huge pages on the 2 MB pages inside [p, p + bytes) (Linux; before the memory is written); returns "
+      "the bytes advised.");
+  m.def("gguf_packed_variant", &gguf_packed_variant,
+        "The packed kernel variant for the current ISA (avx512_vnni, avx2, scalar), or '' where there is none.");
+  m.def(
+      "gguf_linear_q8act_packed",
+      [](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w, int64_t w_stride,
+         int64_t n, std::uintptr_t y, int64_t y_stride, int dtype, std::uintptr_t packed) {
+        gguf_linear_q8act_packed({qtype, reinterpret_cast<const void*>(x), x_stride, rows, k,
+                                  reinterpret_cast<const uint8_t*>(w), w_stride, n, reinterpret_cast<void*>(y),
+                                  y_stride, static_cast<DType>(dtype)},
+                                 reinterpret_cast<const uint8_t*>(packed));
+      },
+      py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
+      py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"), py::arg("packed"),
+      py::call_guard<py::gil_scoped_release>(),
+      "gguf_linear_q8act reading the weight from packed (gguf_pack of w); on the raw rows w where "
+      "gguf_packed_variant() is ''.");
 }
 
 }  // namespace engine_cpu

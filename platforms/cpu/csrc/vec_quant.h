@@ -27,6 +27,14 @@
 //   values 0..15 (byte j's low nibble is value j, its high nibble value 16 + j), in the order of 32 int8
 //   activations; i8_bytes<N>(p, stride, out) the same for 32 bytes per block; set1_blocks<N>(v0, v1) the fp32
 //   vector whose lanes of block g (W / kQ8Blocks each) are v_g (kQ8Blocks <= 2). Blocks g >= N are zero.
+// Row-interleaved weights (gguf_packed_impl.h; x86 and the portable backend only): each int32 lane of B holds 4
+//   bytes of its own weight row. bcast4_b(p) = the 4 bytes at p in every int32 lane; set1_i(v) = v in every
+//   int32 lane; u4_lo_b(v) / u4_hi_b(v) = the low / high nibble of each byte (0..15); xor80_b(v) = each byte
+//   xor 0x80 (a signed byte s as the unsigned s + 128); kDotU8Full: whether dot_u8s8 is exact for u up to 255
+//   (vpdpbusd, plain C; not AVX2's vpmaddubsw, whose 16-bit pair sums saturate); kI16Sums: whether the next
+//   three exist (AVX2, where they save a vpmaddwd per product vector): madd_i16(u, s) = the int16 pair sums of
+//   u * s (u unsigned, s signed, each sum within int16), add_i16(a, b) int16 lanes added, widen_add_i16(acc, v) =
+//   acc plus, per int32 lane, its two int16 lanes of v.
 #pragma once
 
 #include <cmath>
@@ -104,6 +112,26 @@ struct QuantScalar {
     static_assert(N == 1, "one block per step");
     return F{{v0, v0, v0, v0}};
   }
+  static constexpr bool kDotU8Full = true;
+  static constexpr bool kI16Sums = false;
+  static B bcast4_b(const void* p) {
+    B r;
+    for (int l = 0; l < 4; ++l) std::memcpy(r.v + 4 * l, p, 4);
+    return r;
+  }
+  static I set1_i(int32_t v) { return I{{v, v, v, v}}; }
+  static B u4_lo_b(B v) {
+    for (auto& b : v.v) b = static_cast<int8_t>(static_cast<uint8_t>(b) & 15);
+    return v;
+  }
+  static B u4_hi_b(B v) {
+    for (auto& b : v.v) b = static_cast<int8_t>(static_cast<uint8_t>(b) >> 4);
+    return v;
+  }
+  static B xor80_b(B v) {
+    for (auto& b : v.v) b = static_cast<int8_t>(static_cast<uint8_t>(b) ^ 0x80);
+    return v;
+  }
 };
 
 #ifdef ENGINE_X86
@@ -167,6 +195,22 @@ struct QuantAvx2 {
     static_assert(N == 1, "one block per vector");
     return _mm256_set1_ps(v0);
   }
+  static constexpr bool kDotU8Full = false;
+  static constexpr bool kI16Sums = true;
+  ENGINE_AVX2 static B madd_i16(B u, B s) { return _mm256_maddubs_epi16(u, s); }
+  ENGINE_AVX2 static B add_i16(B a, B b) { return _mm256_add_epi16(a, b); }
+  ENGINE_AVX2 static I widen_add_i16(I acc, B v) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(v, _mm256_set1_epi16(1)));
+  }
+  ENGINE_AVX2 static B bcast4_b(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+  }
+  ENGINE_AVX2 static I set1_i(int32_t v) { return _mm256_set1_epi32(v); }
+  ENGINE_AVX2 static B u4_lo_b(B v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
+  ENGINE_AVX2 static B u4_hi_b(B v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f)); }
+  ENGINE_AVX2 static B xor80_b(B v) { return _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))); }
 };
 
 struct QuantAvx512 {
@@ -234,6 +278,17 @@ struct QuantAvx512 {
     if constexpr (N == 1) return _mm512_maskz_mov_ps(0x00ff, _mm512_set1_ps(v0));
     else return _mm512_insertf32x8(_mm512_set1_ps(v0), _mm256_set1_ps(v1), 1);
   }
+  static constexpr bool kDotU8Full = true;  // vpdpbusd (VecAvx512Vnni): products and sums in 32 bits
+  static constexpr bool kI16Sums = false;
+  ENGINE_AVX512 static B bcast4_b(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  }
+  ENGINE_AVX512 static I set1_i(int32_t v) { return _mm512_set1_epi32(v); }
+  ENGINE_AVX512 static B u4_lo_b(B v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
+  ENGINE_AVX512 static B u4_hi_b(B v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }
+  ENGINE_AVX512 static B xor80_b(B v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
 };
 #endif  // ENGINE_X86
 

@@ -1,12 +1,15 @@
 """Native GGUF dequantize (Q4_0/Q4_1/Q8_0 -> fp32/bf16), gguf_linear (a fused kernel that reads the GGUF blocks
 directly for decode and small batches, dequantize + torch matmul as the fallback) and gguf_linear_q8act (x rounded
-to Q8 blocks, integer block dots).
+to Q8 blocks, integer block dots; on x86 and the portable ISA through a row-interleaved copy of the weight,
+see _packed_weight).
 
 fp16 (the ppc platform's dtype) goes through the fp32 kernels: x widened once, y rounded to fp16 once, which is the
 ops' own definition (fp32 dequantized weight, fp32 accumulation, one rounding to x.dtype); the kernels take no fp16
 storage, and the conversions cost two passes over activations that are tiny beside the weight stream."""
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -75,6 +78,11 @@ FUSED_MAX_M = 64
 # The same for the Q8-activation op, whose fallback rounds x to Q8 blocks with torch first (same codes, so the
 # same result up to the order of the sums).
 Q8ACT_MAX_M = 64
+# The packed kernel (csrc/gguf_packed.h) reuses each loaded weight vector across 8 rows of x and takes whole
+# 16-row groups per thread: on the 2-core Zen 5 host it beat the torch fallback (dequantize + fp32 GEMM) 3-6x at
+# every M measured, up to 2048 (SmolLM2 Q4_1 / Q8_0 shapes, 2026-12-01). Above, the fallback (and on a many-core
+# CPU with few 16-row groups per thread, the fallback may win earlier: not measured).
+PACKED_MAX_M = 2048
 
 
 def _q8act_dequant_matmul(x, raw, qtype, cols):
@@ -107,11 +115,88 @@ def _native_linear(kernel: str, max_m: int, fallback):
     return linear
 
 
+# Row-interleaved copies of GGUF weights for the packed Q8-activation kernels (csrc/gguf_packed.h: 16 rows per
+# vector, all their block scales in one load; a decode GEMV then streams memory instead of spending ~12-22
+# instructions per block and row). Memory cost: one more copy of each weight's GGUF bytes (rows padded to 16),
+# kept while the raw tensor lives (and its arena, below, while any copy in it does). Keyed on the raw tensor's
+# identity, checked through a weak reference with its data pointer and (but for inference tensors) version
+# counter; a WeakKeyDictionary would compare tensors with ==. The copy outlives any CPU graph recorded on it
+# while the raw tensor lives (platforms/cpu/graph.py records the packed address).
+_PACKED: dict[int, tuple] = {}
+# The copies are views of arenas of at least _ARENA_BYTES on huge pages (csrc gguf_advise_huge_pages: the kernels
+# stream DRAM ~8% faster than from 4 KB pages, a decode step measured). An arena lives while any copy in it does;
+# its unused tail is address space only (never written, so never backed by memory).
+_ARENA_BYTES = 64 << 20
+_HUGE = 2 << 20
+_arena: list = [None, 0]  # the current arena (uint8 tensor) and the offset of its free bytes
+
+
+def _arena_bytes(nbytes: int) -> torch.Tensor:
+    """nbytes of fresh arena memory, 64-byte aligned."""
+    nbytes = -(-nbytes // 64) * 64
+    arena, off = _arena
+    if arena is None or off + nbytes > arena.numel():
+        arena = torch.empty(max(_ARENA_BYTES, nbytes + _HUGE), dtype=torch.uint8)
+        off = -arena.data_ptr() % _HUGE  # start on a huge-page boundary
+        _native.gguf_advise_huge_pages(arena.data_ptr() + off, arena.numel() - off)
+        _arena[0] = arena
+    _arena[1] = off + nbytes
+    return arena[off:off + nbytes]
+
+
+def _packed_weight(raw: torch.Tensor, qtype: int, cols: int):
+    """The packed copy of ``raw`` (made on first sight, by C++ threads: ~100 MB in well under a second), or None
+    where the current ISA has no packed kernel (NEON, VSX, RVV: ``_native.gguf_packed_variant()`` is '')."""
+    key = id(raw)
+    hit = _PACKED.get(key)
+    if (hit is not None and hit[0]() is raw and hit[1] == raw.data_ptr()
+            and (hit[2] is None or hit[2] == raw._version)):
+        return hit[3]
+    packed = None
+    if _native.gguf_packed_variant():
+        n = raw.shape[0]
+        packed = _arena_bytes(_native.gguf_packed_bytes(qtype, n, cols))
+        _native.gguf_pack(qtype, raw.data_ptr(), raw.stride(0), n, cols, packed.data_ptr())
+    ref = weakref.ref(raw, lambda _, key=key: _PACKED.pop(key, None))
+    try:
+        version = raw._version
+    except RuntimeError:  # an inference tensor: no version counter (and changed in place only in inference mode)
+        version = None
+    _PACKED[key] = (ref, raw.data_ptr(), version, packed)
+    return packed
+
+
+def _q8act_packed_linear(x, raw, qtype, cols):
+    """gguf_linear_q8act through the packed copy of the weight for M <= PACKED_MAX_M, on the raw rows for M <=
+    Q8ACT_MAX_M where the ISA has no packed kernel, else torch quantize + GEMM. The native packed call itself falls
+    back to the raw rows when the ISA changed since packing to one without a packed kernel."""
+    if x.dtype == FP16:
+        return _q8act_packed_linear(x.float(), raw, qtype, cols).to(FP16)
+    if x.is_contiguous():
+        x2, m, xs = x, x.numel() // cols, cols
+    else:
+        x2, m, xs = rows_of(x)
+    if m > PACKED_MAX_M:
+        return _q8act_dequant_matmul(x, raw, qtype, cols)
+    if raw.stride(1) != 1:  # not in the dispatch cache key: copy rather than misread
+        raw = raw.contiguous()
+    packed = _packed_weight(raw, qtype, cols)
+    if packed is None and m > Q8ACT_MAX_M:
+        return _q8act_dequant_matmul(x, raw, qtype, cols)
+    n = raw.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype)
+    if packed is None:
+        _native.gguf_linear_q8act(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(),
+                                  n, DTYPE_CODE[x.dtype])
+    else:
+        _native.gguf_linear_q8act_packed(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n,
+                                         y.data_ptr(), n, DTYPE_CODE[x.dtype], packed.data_ptr())
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+
 # Fused: every weight block is decoded once per call, in registers (M = 1) or into an L1-resident fp32 panel
 # shared by all rows of x; fp32 math, x is never quantized.
 _fused_linear = _native_linear("gguf_linear", FUSED_MAX_M, _dequant_matmul)
-# Q8 activations: x rounded to Q8 blocks once per call, then integer block dots (VNNI/AVX2/SDOT).
-_q8act_linear = _native_linear("gguf_linear_q8act", Q8ACT_MAX_M, _q8act_dequant_matmul)
 
 
 def register(registry) -> None:
@@ -120,10 +205,12 @@ def register(registry) -> None:
     registry.register(gguf_linear, _fused_linear, name="fused", supports=_supports_linear, priority=PRIORITY + 1,
                       note=f"native fused decode + fp32 FMA (M <= {FUSED_MAX_M}; larger M: dequant_matmul); "
                       + isa_note())
-    registry.register(gguf_linear_q8act, _q8act_linear, name="native", supports=_supports_linear,
+    packed = _native.gguf_packed_variant()
+    registry.register(gguf_linear_q8act, _q8act_packed_linear, name="native", supports=_supports_linear,
                       priority=PRIORITY,
-                      note=f"native integer block dots ({_native.gguf_q8act_variant()} at registration; M > "
-                      f"{Q8ACT_MAX_M}: torch quantize + GEMM)")
+                      note="native integer block dots ("
+                      + (f"row-interleaved weight copy, {packed}" if packed else _native.gguf_q8act_variant())
+                      + f" at registration; M > {PACKED_MAX_M if packed else Q8ACT_MAX_M}: torch quantize + GEMM)")
     registry.register(gguf_linear, _dequant_matmul, name="dequant_matmul", supports=_supports_linear,
                       priority=PRIORITY,
                       note="native dequantize to x.dtype, then torch matmul; " + isa_note())

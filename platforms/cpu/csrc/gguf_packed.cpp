@@ -1,0 +1,200 @@
+// Packing GGUF rows into the interleaved layout of gguf_packed.h (and back), and the driver of the packed
+// Q8-activation linear (ISA gate, quantizing x, threads over row groups, output rounding).
+#include "gguf_packed.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gguf_dequant.h"
+#include "thread_pool.h"
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
+namespace engine_cpu {
+
+namespace {
+
+void check_pack_args(int qtype, int64_t n, int64_t k, const char* op) {
+  if (qtype != kQ4_0 && qtype != kQ4_1 && qtype != kQ8_0)
+    throw std::invalid_argument(std::string(op) + ": unsupported qtype " + std::to_string(qtype) +
+                                "; supported: Q4_0=2, Q4_1=3, Q8_0=8");
+  if (k <= 0 || k % 32 != 0 || n < 0)
+    throw std::invalid_argument(std::string(op) + ": k must be a positive multiple of 32 and n >= 0");
+}
+
+// Copies one row's blocks between GGUF (`raw`) and its lane r of group `g`, in the direction of `to_packed`.
+void move_row(int qtype, uint8_t* raw, uint8_t* g, int r, int64_t nb, bool to_packed) {
+  const int bb = gguf_block_bytes(qtype), chunks = qtype == kQ8_0 ? 8 : 4, qoff = qtype == kQ4_1 ? 4 : 2;
+  const int qb = gguf_packed_quant_bytes(qtype), pb = gguf_packed_pair_bytes(qtype);
+  auto mv = [to_packed](uint8_t* raw_p, uint8_t* packed_p, size_t bytes) {
+    if (to_packed) std::memcpy(packed_p, raw_p, bytes);
+    else std::memcpy(raw_p, packed_p, bytes);
+  };
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = raw + b * bb;
+    uint8_t* pair = g + b / 2 * pb;
+    const int j = static_cast<int>(b % 2);
+    uint8_t* scales = pair + 2 * qb + (j * kPackRows + r) * 2;
+    mv(blk, scales, 2);
+    if (qtype == kQ4_1) mv(blk + 2, scales + 2 * kPackRows * 2, 2);
+    for (int c = 0; c < chunks; ++c) mv(blk + qoff + 4 * c, pair + j * qb + c * 4 * kPackRows + 4 * r, 4);
+  }
+}
+
+template <class T>
+T* aligned64(std::vector<T>& v, size_t n) {
+  v.resize(n + 64 / sizeof(T));
+  const size_t skip = (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64 / sizeof(T);
+  return v.data() + skip;
+}
+
+// Below this much work (weight bytes x rows of x, roughly) a chunk of groups stays on one thread.
+constexpr int64_t kMinChunkWork = 1 << 14;
+// Runs of groups per thread (1, 2, 4 and 8 measured alike on the 2-core host; 4 leaves room for uneven threads).
+constexpr int64_t kRunsPerThread = 4;
+
+bool have_packed_kernels(GgufPackedKernels* out) {
+  switch (current_isa()) {
+#ifdef ENGINE_X86
+    case Isa::Avx512:
+      if (out) *out = cpu_has_avx512_vnni() ? gguf_packed_kernels_avx512() : gguf_packed_kernels_avx2();
+      return true;
+    case Isa::Avx2:
+      if (out) *out = gguf_packed_kernels_avx2();
+      return true;
+#endif
+    case Isa::Scalar:
+      if (out) *out = gguf_packed_kernels_scalar();
+      return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+int64_t gguf_packed_group_bytes(int qtype, int64_t k) { return (k / 32 + 1) / 2 * gguf_packed_pair_bytes(qtype); }
+
+int64_t gguf_packed_bytes(int qtype, int64_t n, int64_t k) {
+  return (n + kPackRows - 1) / kPackRows * gguf_packed_group_bytes(qtype, k);
+}
+
+void gguf_pack(int qtype, const uint8_t* w, int64_t w_stride, int64_t n, int64_t k, uint8_t* out) {
+  check_pack_args(qtype, n, k, "gguf_pack");
+  const int64_t nb = k / 32, gb = gguf_packed_group_bytes(qtype, k);
+  if (w_stride < nb * gguf_block_bytes(qtype)) throw std::invalid_argument("gguf_pack: w_stride is smaller than a row");
+  const int64_t groups = (n + kPackRows - 1) / kPackRows;
+  parallel_for(groups, std::max<int64_t>(1, (1 << 18) / std::max<int64_t>(gb, 1)), [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      uint8_t* gp = out + g * gb;
+      const int rows = static_cast<int>(std::min<int64_t>(kPackRows, n - g * kPackRows));
+      // Padding rows and an odd block count's last block: zero quants and scales.
+      if (rows < kPackRows || nb % 2) std::memset(gp, 0, static_cast<size_t>(gb));
+      for (int r = 0; r < rows; ++r)
+        move_row(qtype, const_cast<uint8_t*>(w + (g * kPackRows + r) * w_stride), gp, r, nb, true);
+    }
+  });
+}
+
+void gguf_unpack(int qtype, const uint8_t* packed, int64_t n, int64_t k, uint8_t* w, int64_t w_stride) {
+  check_pack_args(qtype, n, k, "gguf_unpack");
+  const int64_t nb = k / 32, gb = gguf_packed_group_bytes(qtype, k);
+  if (w_stride < nb * gguf_block_bytes(qtype)) throw std::invalid_argument("gguf_unpack: w_stride is smaller than a row");
+  for (int64_t i = 0; i < n; ++i)
+    move_row(qtype, w + i * w_stride, const_cast<uint8_t*>(packed + i / kPackRows * gb), static_cast<int>(i % kPackRows),
+             nb, false);
+}
+
+int64_t gguf_advise_huge_pages(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), lo = (a + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t hi = (a + static_cast<uintptr_t>(std::max<int64_t>(bytes, 0))) & ~(kHuge - 1);
+  if (hi > lo && madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE) == 0) return static_cast<int64_t>(hi - lo);
+#else
+  (void)p, (void)bytes;
+#endif
+  return 0;
+}
+
+const char* gguf_packed_variant() {
+  if (!have_packed_kernels(nullptr)) return "";
+  switch (current_isa()) {
+    case Isa::Avx512: return cpu_has_avx512_vnni() ? "avx512_vnni" : "avx2";
+    case Isa::Avx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+void gguf_linear_q8act_packed(const GgufLinearArgs& a, const uint8_t* packed) {
+  GgufPackedKernels kern;
+  if (!have_packed_kernels(&kern)) return gguf_linear_q8act(a);
+  check_gguf_linear_args(a, "gguf_linear_q8act_packed");
+  if (packed == nullptr) throw std::invalid_argument("gguf_linear_q8act_packed: packed is null");
+  if (a.m == 0 || a.n == 0) return;
+  const int64_t k = a.k, m = a.m, n = a.n, nb = k / 32;
+
+  thread_local std::vector<int8_t> qbuf;
+  thread_local std::vector<float> dbuf, sbuf;
+  thread_local std::vector<int32_t> ibuf;
+  // Workers see their own thread_local buffers: hand them this thread's by address.
+  int8_t* qp = aligned64(qbuf, static_cast<size_t>(m * k));
+  float* dp = aligned64(dbuf, static_cast<size_t>(m * nb));
+  float* sp = aligned64(sbuf, static_cast<size_t>(m * nb));
+  int32_t* ip = aligned64(ibuf, static_cast<size_t>(m * nb));
+  parallel_for(m, std::max<int64_t>(1, 8192 / k), [&](int64_t r0, int64_t r1) {
+    std::vector<float> row;
+    for (int64_t i = r0; i < r1; ++i) {
+      const float* xr = static_cast<const float*>(a.x) + i * a.x_stride;
+      if (a.dtype == DType::BF16) {  // widened exactly: the codes are those of the fp32 values
+        row.resize(static_cast<size_t>(k));
+        const uint16_t* src = static_cast<const uint16_t*>(a.x) + i * a.x_stride;
+        for (int64_t c = 0; c < k; ++c) row[c] = bf16_to_f32(src[c]);
+        xr = row.data();
+      }
+      kern.quantize(xr, k, qp + i * k, dp + i * nb, sp + i * nb);
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t sum = 0;
+        for (int j = 0; j < 32; ++j) sum += qp[i * k + 32 * b + j];
+        ip[i * nb + b] = sum;
+      }
+    }
+  });
+  const PackedX xq{qp, dp, sp, ip, k};
+
+  const int64_t groups = (n + kPackRows - 1) / kPackRows, gb = gguf_packed_group_bytes(a.qtype, k);
+  const int64_t group_work = gb * std::max<int64_t>(1, m / 2);
+  // Threads claim runs of kRunsPerThread-th of their share of groups: each run is one sequential stream for the
+  // hardware prefetchers (for_dynamic_chunks' finer chunks, interleaved between threads, read DRAM at half the
+  // rate, measured), and a thread slowed by another process still takes fewer runs.
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads(), groups * group_work / kMinChunkWork));
+  const int64_t run = std::max<int64_t>(1, (groups + kRunsPerThread * threads - 1) / (kRunsPerThread * threads));
+  const int64_t runs = (groups + run - 1) / run;
+  for_dynamic_chunks(runs, 1, [&](int64_t r0, int64_t r1) {
+    alignas(64) float tile[kPackedMaxTileRows * kPackRows];
+    for (int64_t g = r0 * run; g < std::min(groups, r1 * run); ++g) {
+      const int64_t n0 = g * kPackRows;
+      const int rows = static_cast<int>(std::min<int64_t>(kPackRows, n - n0));
+      for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
+        const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
+        kern.tile(a.qtype, packed + g * gb, xq, m0, mt, tile);
+        for (int i = 0; i < mt; ++i) {
+          const float* src = tile + i * kPackRows;
+          if (a.dtype == DType::F32) {
+            std::memcpy(static_cast<float*>(a.y) + (m0 + i) * a.y_stride + n0, src, sizeof(float) * rows);
+          } else {
+            uint16_t* dst = static_cast<uint16_t*>(a.y) + (m0 + i) * a.y_stride + n0;
+            for (int j = 0; j < rows; ++j) dst[j] = f32_to_bf16(src[j]);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace engine_cpu
