@@ -9,13 +9,16 @@ kernel, as this script did before issue 11, evicted them: the fused step then re
 the 2-core VM of BENCHMARKS.md) and took ~2x the engine's time. For M = 1 (one decode step) and M = 32 (a
 decode batch) it prints, per shape, the median time per call of
 
-* fused:  the native ``gguf_linear`` kernel (fp32 x), called as the engine's CPU decode graphs call it (the
-          ``_native`` function on preallocated outputs; the registered wrapper adds ~6 us and an allocation a call,
-          which eager mode pays and a decode step does not); checked against the registered implementation;
+* fused:  the native ``gguf_linear`` kernel on the raw GGUF rows (fp32 x), called as the engine's CPU decode
+          graphs call it (the ``_native`` function on preallocated outputs; the registered wrapper adds ~6 us and an
+          allocation a call, which eager mode pays and a decode step does not); checked against the registered
+          implementation;
 * q8act:  the native ``gguf_linear_q8act`` kernel, called the same way (x rounded to Q8 blocks, integer block dots);
 * packed: the same op on the row-interleaved copy of the weights (``gguf_linear_q8act_packed``, csrc/gguf_packed.h,
           what the registered ``gguf_linear_q8act`` uses on x86), the copies made beforehand as the plugin makes
           them (on huge pages; time printed);
+* pf32:   the fp32-activation ``gguf_linear`` on the same packed copies (``gguf_linear_packed``,
+          csrc/gguf_packed_f32_impl.h, what the registered ``gguf_linear`` uses on x86), called the same way;
 * torch:  ``F.linear`` in fp32 on the weight dequantized beforehand (what a dequantize-at-load engine
           does, 4x the bytes; the issue's goal is the fused INT4 GEMV >= 4x faster than this at M = 1);
 
@@ -213,8 +216,17 @@ def main() -> None:
                                          y.data_ptr(), n, 0, packs[id(raw)].data_ptr())
         return y
 
+    def pf32_call(x, raw, qtype, k):
+        n = raw.shape[0]
+        y = outs.get((x.shape[0], n))
+        if y is None:
+            y = outs[x.shape[0], n] = torch.empty(x.shape[0], n)
+        _native.gguf_linear_packed(qtype, x.data_ptr(), k, x.shape[0], k, raw.data_ptr(), raw.stride(0), n,
+                                   y.data_ptr(), n, 0, packs[id(raw)].data_ptr())
+        return y
+
     kernels = {"fused": native(_native.gguf_linear), "q8act": native(_native.gguf_linear_q8act),
-               "packed": packed_call}
+               "packed": packed_call, "pf32": pf32_call}
     gen = torch.Generator().manual_seed(0)
     print(f"isa {_native.isa()}, native threads {_native.num_threads()}, torch threads {torch.get_num_threads()}")
     weights = {}  # name -> list of (raw, fp32 weight), one per layer (one for the head)
@@ -232,7 +244,8 @@ def main() -> None:
     bw = read_bandwidth(step_bytes)
     print(f"streaming read bandwidth (fp32 sum over {step_bytes / 1e6:.0f} MB, one step's GGUF bytes): "
           f"{bw / 1e9:.1f} GB/s; GB/s below: GGUF bytes / median time per call; packing all weights "
-          f"({sum(p.numel() for p in packs.values()) / 1e6:.1f} MB, variant {_native.gguf_packed_variant()}): "
+          f"({sum(p.numel() for p in packs.values()) / 1e6:.1f} MB, variants {_native.gguf_packed_variant()} / "
+          f"{_native.gguf_packed_f32_variant()}): "
           f"{t_pack * 1e3:.0f} ms")
     for m in args.m:
         xs = {k: torch.randn(m, k, generator=gen) for k in {s[2] for s in SHAPES}}
@@ -247,7 +260,9 @@ def main() -> None:
                                        atol=1e-3, rtol=1e-3)
             torch.testing.assert_close(kernels["packed"](xs[k], raw, qtype, k).clone(),
                                        gguf_linear_q8act.reference(xs[k], raw, qtype, k), atol=1e-3, rtol=1e-3)
-        which_all = ("fused", "q8act", "packed", "torch")
+            torch.testing.assert_close(kernels["pf32"](xs[k], raw, qtype, k).clone(), F.linear(xs[k], w), atol=1e-3,
+                                       rtol=1e-3)
+        which_all = ("fused", "pf32", "q8act", "packed", "torch")
         logs = {(name, which): [] for name, *_ in SHAPES for which in which_all}
         steps = {which: [] for which in which_all}
         for which in which_all:  # each kernel's steps back to back (see the module docstring)
@@ -267,26 +282,31 @@ def main() -> None:
                 if step:  # step 0 warms up
                     steps[which].append(time.perf_counter() - t0)
         print(f"{'shape':<12} {'qtype':<5} {'M':>3} {'K':>5} {'N':>6} {'fused us':>9} {'GB/s':>6} {'q8act us':>9} "
-              f"{'GB/s':>6} {'packed us':>9} {'GB/s':>6} {'q8act/packed':>12} "
+              f"{'GB/s':>6} {'packed us':>9} {'GB/s':>6} {'q8act/packed':>12} {'pf32 us':>9} {'GB/s':>6} "
+              f"{'fused/pf32':>10} "
               f"{'torch us':>9} {'torch/fused':>11} {'torch/q8act':>11} {'old us':>9}")
         for name, qtype, k, n, _ in SHAPES:
             raw, _ = weights[name][0]
             t_f, t_t = statistics.median(logs[name, "fused"]), statistics.median(logs[name, "torch"])
             t_q, t_p = statistics.median(logs[name, "q8act"]), statistics.median(logs[name, "packed"])
+            t_pf = statistics.median(logs[name, "pf32"])
             old_log = []
             for _ in range(3):
                 timed(lambda: old(xs[k], raw, qtype, k), old_log)  # noqa: B023
             print(f"{name:<12} {GGUF_QTYPES[qtype][0]:<5} {m:>3} {k:>5} {n:>6} {t_f * 1e6:>9.1f} "
                   f"{raw.numel() / t_f / 1e9:>6.1f} {t_q * 1e6:>9.1f} {raw.numel() / t_q / 1e9:>6.1f} "
                   f"{t_p * 1e6:>9.1f} {raw.numel() / t_p / 1e9:>6.1f} {t_q / t_p:>11.2f}x "
+                  f"{t_pf * 1e6:>9.1f} {raw.numel() / t_pf / 1e9:>6.1f} {t_f / t_pf:>9.2f}x "
                   f"{t_t * 1e6:>9.1f} "
                   f"{t_t / t_f:>10.2f}x "
                   f"{t_t / t_q:>10.2f}x {min(old_log) * 1e6:>9.1f}")
-        s_f, s_q, s_p, s_t = (statistics.median(steps[w]) for w in which_all)
-        pct = (f" ({step_bytes / s_f / bw * 100:.0f}% / {step_bytes / s_q / bw * 100:.0f}% / "
-               f"{step_bytes / s_p / bw * 100:.0f}% of the read bandwidth)" if m == 1 else "")
-        print(f"one step of all linear layers, M={m}: fused {s_f * 1e3:.2f} ms, q8act {s_q * 1e3:.2f} ms, packed "
-              f"{s_p * 1e3:.2f} ms{pct}, torch fp32 {s_t * 1e3:.2f} ms (torch/fused {s_t / s_f:.2f}x, torch/q8act "
+        s_f, s_pf, s_q, s_p, s_t = (statistics.median(steps[w]) for w in which_all)
+        pct = (f" ({step_bytes / s_f / bw * 100:.0f}% / {step_bytes / s_pf / bw * 100:.0f}% / "
+               f"{step_bytes / s_q / bw * 100:.0f}% / {step_bytes / s_p / bw * 100:.0f}% of the read bandwidth)"
+               if m == 1 else "")
+        print(f"one step of all linear layers, M={m}: fused {s_f * 1e3:.2f} ms, pf32 {s_pf * 1e3:.2f} ms "
+              f"(fused/pf32 {s_f / s_pf:.2f}x), q8act {s_q * 1e3:.2f} ms, packed {s_p * 1e3:.2f} ms{pct}, "
+              f"torch fp32 {s_t * 1e3:.2f} ms (torch/fused {s_t / s_f:.2f}x, torch/q8act "
               f"{s_t / s_q:.2f}x, q8act/packed {s_q / s_p:.2f}x)\n")
 
 if __name__ == "__main__":

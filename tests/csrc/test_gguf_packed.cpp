@@ -1,6 +1,8 @@
 // The row-interleaved GGUF layout (gguf_packed.h): pack / unpack round trip, and the packed Q8-activation linear vs
 // its definition computed here in double (as test_gguf_q8act.cpp), on every ISA variant: where a variant has no
-// packed kernel (gguf_packed_variant() is ""), the same call runs gguf_linear_q8act on the raw rows.
+// packed kernel (gguf_packed_variant() is ""), the same call runs gguf_linear_q8act on the raw rows. The same for
+// the packed fp32-activation linear (gguf_linear_packed: x never quantized) against sum_k x[k] * w[k] in double,
+// and its gate (gguf_packed_f32_variant() is "" exactly where gguf_packed_variant() is).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -67,6 +69,30 @@ void run(int qtype, int64_t m, int64_t n, int64_t k, std::mt19937& rng, const ch
                            std::to_string(got) + " want " + std::to_string(want));
     }
   }
+
+  // fp32 activations on the same packed copy (x rows 3 floats further apart than k).
+  const std::string what32 = what + " fp32 (" + gguf_packed_f32_variant() + ")";
+  if (!*gguf_packed_f32_variant() != !*gguf_packed_variant()) return check::fail(what32 + ": gates disagree");
+  const int64_t xs = k + 3;
+  std::vector<float> x32(m * xs, 7.0f), y32(m * n, -1.0f);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = 0; c < k; ++c) x32[i * xs + c] = normal(rng);
+  gguf_linear_packed({qtype, x32.data(), xs, m, k, raw.data(), row_bytes, n, y32.data(), n, DType::F32},
+                     packed.data());
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t r = 0; r < n; ++r) {
+      double want = 0.0, scale = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double w = gguf_weight_value(qtype, raw.data() + r * row_bytes + (c / 32) * bb, c % 32);
+        const double t = x32[i * xs + c] * w;
+        want += t;
+        scale += std::fabs(t);
+      }
+      const double got = y32[i * n + r];
+      if (!(std::fabs(got - want) <= 1e-5 * scale + 1e-30))
+        return check::fail(what32 + " [" + std::to_string(i) + ", " + std::to_string(r) + "]: got " +
+                           std::to_string(got) + " want " + std::to_string(want));
+    }
 }
 
 }  // namespace
@@ -74,10 +100,10 @@ void run(int qtype, int64_t m, int64_t n, int64_t k, std::mt19937& rng, const ch
 int main() {
   std::mt19937 rng(check::seed());
   return check::for_each_isa([&](const char* isa) {
-    std::printf("%s: packed variant '%s'\n", isa, gguf_packed_variant());
+    std::printf("%s: packed variants '%s' / fp32 '%s'\n", isa, gguf_packed_variant(), gguf_packed_f32_variant());
     for (int qtype : {kQ4_0, kQ4_1, kQ8_0})
       for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 32}, {2, 17, 96}, {9, 16, 576},
-                             {1, 130, 1536}, {33, 3, 64}})
+                             {1, 130, 1536}, {33, 3, 64}, {13, 33, 96}})
         run(qtype, m, n, k, rng, isa);
   });
 }

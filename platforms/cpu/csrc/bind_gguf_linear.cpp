@@ -84,6 +84,23 @@ void bind_gguf_linear(py::module_& m) {
       py::call_guard<py::gil_scoped_release>(),
       "gguf_linear_q8act reading the weight from packed (gguf_pack of w); on the raw rows w where "
       "gguf_packed_variant() is ''.");
+  m.def("gguf_packed_f32_variant", &gguf_packed_f32_variant,
+        "The packed fp32-activation kernel variant for the current ISA (avx512, avx2, scalar), or '' where there is "
+        "none (exactly where gguf_packed_variant() is '').");
+  m.def(
+      "gguf_linear_packed",
+      [](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w, int64_t w_stride,
+         int64_t n, std::uintptr_t y, int64_t y_stride, int dtype, std::uintptr_t packed) {
+        gguf_linear_packed({qtype, reinterpret_cast<const void*>(x), x_stride, rows, k,
+                            reinterpret_cast<const uint8_t*>(w), w_stride, n, reinterpret_cast<void*>(y), y_stride,
+                            static_cast<DType>(dtype)},
+                           reinterpret_cast<const uint8_t*>(packed));
+      },
+      py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
+      py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"), py::arg("packed"),
+      py::call_guard<py::gil_scoped_release>(),
+      "gguf_linear (fp32 x, never quantized) reading the weight from packed (gguf_pack of w); on the raw rows w "
+      "where gguf_packed_f32_variant() is ''.");
 }
 
 }  // namespace engine_cpu

@@ -76,6 +76,38 @@ bool have_packed_kernels(GgufPackedKernels* out) {
   }
 }
 
+// x's scale for nib_scaled kernels (gguf_packed.h): element e of a block, nibble t = 2 (e % 4) + (e >= 16) of its
+// packed lane, times 2^(-4t) (none for t = 7).
+constexpr float nib_scale(int e) {
+  const int t = 2 * (e % 4) + (e >= 16 ? 1 : 0);
+  float v = 1.0f;
+  for (int i = 0; i < (t < 7 ? 4 * t : 0); ++i) v *= 0.5f;
+  return v;
+}
+constexpr float kNibScale[32] = {
+    nib_scale(0),  nib_scale(1),  nib_scale(2),  nib_scale(3),  nib_scale(4),  nib_scale(5),  nib_scale(6),
+    nib_scale(7),  nib_scale(8),  nib_scale(9),  nib_scale(10), nib_scale(11), nib_scale(12), nib_scale(13),
+    nib_scale(14), nib_scale(15), nib_scale(16), nib_scale(17), nib_scale(18), nib_scale(19), nib_scale(20),
+    nib_scale(21), nib_scale(22), nib_scale(23), nib_scale(24), nib_scale(25), nib_scale(26), nib_scale(27),
+    nib_scale(28), nib_scale(29), nib_scale(30), nib_scale(31)};
+
+bool have_packed_f32_kernels(GgufPackedF32Kernels* out) {
+  switch (current_isa()) {
+#ifdef ENGINE_X86
+    case Isa::Avx512:
+      if (out) *out = gguf_packed_f32_kernels_avx512();
+      return true;
+    case Isa::Avx2:
+      if (out) *out = gguf_packed_f32_kernels_avx2();
+      return true;
+#endif
+    case Isa::Scalar:
+      if (out) *out = gguf_packed_f32_kernels_scalar();
+      return true;
+    default: return false;
+  }
+}
+
 }  // namespace
 
 int64_t gguf_packed_group_bytes(int qtype, int64_t k) { return (k / 32 + 1) / 2 * gguf_packed_pair_bytes(qtype); }
@@ -183,6 +215,88 @@ void gguf_linear_q8act_packed(const GgufLinearArgs& a, const uint8_t* packed) {
       for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
         const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
         kern.tile(a.qtype, packed + g * gb, xq, m0, mt, tile);
+        for (int i = 0; i < mt; ++i) {
+          const float* src = tile + i * kPackRows;
+          if (a.dtype == DType::F32) {
+            std::memcpy(static_cast<float*>(a.y) + (m0 + i) * a.y_stride + n0, src, sizeof(float) * rows);
+          } else {
+            uint16_t* dst = static_cast<uint16_t*>(a.y) + (m0 + i) * a.y_stride + n0;
+            for (int j = 0; j < rows; ++j) dst[j] = f32_to_bf16(src[j]);
+          }
+        }
+      }
+    }
+  });
+}
+
+const char* gguf_packed_f32_variant() {
+  if (!have_packed_f32_kernels(nullptr)) return "";
+  switch (current_isa()) {
+    case Isa::Avx512: return "avx512";
+    case Isa::Avx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+void gguf_linear_packed(const GgufLinearArgs& a, const uint8_t* packed) {
+  GgufPackedF32Kernels kern;
+  if (!have_packed_f32_kernels(&kern) || a.m > kern.max_m) return gguf_linear(a);
+  check_gguf_linear_args(a, "gguf_linear_packed");
+  if (a.m == 0 || a.n == 0) return;  // before the null check: an empty weight's copy may have no address
+  if (packed == nullptr) throw std::invalid_argument("gguf_linear_packed: packed is null");
+  const int64_t k = a.k, m = a.m, n = a.n, nb = k / 32;
+
+  // x tiled as PackedF32X says (widened exactly from bf16), with its block sums (Q4_1's minimum term and, without
+  // a nibble table, Q4_0's -8 offset).
+  // Where the tile reads Q4 nibbles in place (nib_scaled), x's element e of a block is scaled by 2^(-4t) (exact
+  // but for |x| < 2^-102, whose scaled value is subnormal).
+  const bool scaled = kern.nib_scaled && a.qtype != kQ8_0;
+  thread_local std::vector<float> xbuf, sbuf, row;
+  float* xt = aligned64(xbuf, static_cast<size_t>(m * k));
+  float* st = aligned64(sbuf, static_cast<size_t>(m * nb));
+  // One fp32 row unscaled is its own tile: no copy (a decode step's calls are a few microseconds each).
+  const bool copy = m > 1 || a.dtype != DType::F32 || scaled;
+  for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
+    const int64_t mt = std::min<int64_t>(kern.max_mt, m - m0);
+    float* tx = xt + m0 * k;
+    for (int64_t i = 0; i < mt; ++i) {
+      const float* src = static_cast<const float*>(a.x) + (m0 + i) * a.x_stride;
+      if (a.dtype == DType::BF16) {
+        row.resize(static_cast<size_t>(k));
+        const uint16_t* s16 = static_cast<const uint16_t*>(a.x) + (m0 + i) * a.x_stride;
+        for (int64_t c = 0; c < k; ++c) row[c] = bf16_to_f32(s16[c]);
+        src = row.data();
+      }
+      if (scaled) {
+        for (int64_t b = 0; b < nb; ++b)
+          for (int j = 0; j < 32; ++j) tx[(32 * b + j) * mt + i] = src[32 * b + j] * kNibScale[j];
+      } else if (copy) {
+        for (int64_t c = 0; c < k; ++c) tx[c * mt + i] = src[c];
+      }
+      if (a.qtype == kQ8_0) continue;
+      for (int64_t b = 0; b < nb; ++b) {  // 8 partial sums (one short dependency chain per lane)
+        float p[8] = {};
+        for (int j = 0; j < 32; ++j) p[j % 8] += src[32 * b + j];
+        st[m0 * nb + b * mt + i] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+      }
+    }
+  }
+  const PackedF32X xf{copy ? xt : static_cast<const float*>(a.x), st, k};
+
+  // Threads over runs of groups, as gguf_linear_q8act_packed.
+  const int64_t groups = (n + kPackRows - 1) / kPackRows, gb = gguf_packed_group_bytes(a.qtype, k);
+  const int64_t group_work = gb * std::max<int64_t>(1, m / 2);
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads(), groups * group_work / kMinChunkWork));
+  const int64_t run = std::max<int64_t>(1, (groups + kRunsPerThread * threads - 1) / (kRunsPerThread * threads));
+  const int64_t runs = (groups + run - 1) / run;
+  for_dynamic_chunks(runs, 1, [&](int64_t r0, int64_t r1) {
+    alignas(64) float tile[kPackedF32MaxTileRows * kPackRows];
+    for (int64_t g = r0 * run; g < std::min(groups, r1 * run); ++g) {
+      const int64_t n0 = g * kPackRows;
+      const int rows = static_cast<int>(std::min<int64_t>(kPackRows, n - n0));
+      for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
+        const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
+        kern.tile(a.qtype, packed + g * gb, xf, m0, mt, tile);
         for (int i = 0; i < mt; ++i) {
           const float* src = tile + i * kPackRows;
           if (a.dtype == DType::F32) {

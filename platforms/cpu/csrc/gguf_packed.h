@@ -79,4 +79,40 @@ GgufPackedKernels gguf_packed_kernels_avx2();
 GgufPackedKernels gguf_packed_kernels_avx512();
 #endif
 
+// The fp32-activation linear on the same packed copy: gguf_linear(a) (x never quantized; per block and row
+// d * sum(q_j x_j) + m * sum(x_j) in fp32, gguf_packed_f32_impl.h) with the weight read from `packed`. Where
+// gguf_packed_f32_variant() is "" (NEON, VSX, RVV, or the ISA changed since packing), gguf_linear(a) on the raw
+// rows. Same validation as gguf_linear.
+void gguf_linear_packed(const GgufLinearArgs& a, const uint8_t* packed);
+// avx512 (AVX-512F is enough), avx2 or scalar; "" exactly where gguf_packed_variant() is "".
+const char* gguf_packed_f32_variant();
+
+// fp32 x as the packed fp32 tile reads it, cut into tiles of mt rows (the driver's tiles: rows x0 .. x0 + mt - 1,
+// x0 a multiple of max_mt): a tile is [k][mt] at x + x0 * k (element c of row x0 + i at c * mt + i), its block
+// sums of x [k / 32][mt] at xsum + x0 * (k / 32).
+struct PackedF32X {
+  const float* x;
+  const float* xsum;
+  int64_t k;
+};
+
+// Per-ISA fp32 tile: out[i * 16 + r] = row x0 + i of x (i < mt <= max_mt <= kPackedF32MaxTileRows) . row r of
+// the group at g. Where
+// nib_scaled, a Q4 tile reads element e of x times 2^(-4t), t = its nibble's position in the packed int32 lane
+// (e < 16: 2 (e % 4), else 2 (e % 4) + 1; none for t = 7); the block sums stay those of x. Above max_m rows of x
+// the driver runs gguf_linear on the raw rows (measured per ISA).
+constexpr int kPackedF32MaxTileRows = 16;
+struct GgufPackedF32Kernels {
+  int max_mt;
+  bool nib_scaled;
+  int64_t max_m;
+  void (*tile)(int qtype, const uint8_t* g, const PackedF32X& x, int64_t x0, int mt, float* out);
+};
+
+GgufPackedF32Kernels gguf_packed_f32_kernels_scalar();
+#ifdef ENGINE_X86
+GgufPackedF32Kernels gguf_packed_f32_kernels_avx2();
+GgufPackedF32Kernels gguf_packed_f32_kernels_avx512();
+#endif
+
 }  // namespace engine_cpu

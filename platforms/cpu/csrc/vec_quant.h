@@ -132,6 +132,28 @@ struct QuantScalar {
     for (auto& b : v.v) b = static_cast<int8_t>(static_cast<uint8_t>(b) ^ 0x80);
     return v;
   }
+  // Packed fp32 linear (gguf_packed_f32_impl.h): int32 lanes loaded from bytes; nibble t (bits 4t .. 4t + 3) of
+  // each lane as fp32, plus the table's first value where kNibTable (a 16-entry lookup: nib_table(first) holds
+  // first .. first + 15; backends without it ignore the table and give the nibble itself), times 2^(4t) for t < 7
+  // where kNibScaled (the nibble masked in place, not shifted down: exact in fp32; the caller scales x by
+  // 2^(-4t)); signed byte t of each lane as fp32.
+  static constexpr bool kNibTable = false, kNibScaled = false;
+  static I load_i(const void* p) {
+    I r;
+    std::memcpy(r.v, p, sizeof r.v);
+    return r;
+  }
+  static F nib_table(float) { return F{{0.0f, 0.0f, 0.0f, 0.0f}}; }
+  static F nib_f32(I v, int t, F) {
+    F r;
+    for (int l = 0; l < 4; ++l) r.v[l] = static_cast<float>((static_cast<uint32_t>(v.v[l]) >> (4 * t)) & 15);
+    return r;
+  }
+  static F s8_f32(I v, int t) {
+    F r;
+    for (int l = 0; l < 4; ++l) r.v[l] = static_cast<float>(static_cast<int8_t>(static_cast<uint32_t>(v.v[l]) >> (8 * t)));
+    return r;
+  }
 };
 
 #ifdef ENGINE_X86
@@ -211,6 +233,27 @@ struct QuantAvx2 {
   ENGINE_AVX2 static B u4_lo_b(B v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
   ENGINE_AVX2 static B u4_hi_b(B v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f)); }
   ENGINE_AVX2 static B xor80_b(B v) { return _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))); }
+  static constexpr bool kNibTable = false, kNibScaled = true;  // mask, convert (the top nibble: shift, convert)
+  ENGINE_AVX2 static I load_i(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  ENGINE_AVX2 static F nib_table(float) { return _mm256_setzero_ps(); }
+  // The masks as memory operands: as set1 constants GCC rebuilt them in the loop (3 instructions each, for lack of
+  // registers); the empty asm hides the table's values from it (one scalar lea instead).
+  alignas(32) static constexpr int32_t kNibMask[7][8] = {
+      {15, 15, 15, 15, 15, 15, 15, 15}, {15 << 4, 15 << 4, 15 << 4, 15 << 4, 15 << 4, 15 << 4, 15 << 4, 15 << 4},
+      {15 << 8, 15 << 8, 15 << 8, 15 << 8, 15 << 8, 15 << 8, 15 << 8, 15 << 8},
+      {15 << 12, 15 << 12, 15 << 12, 15 << 12, 15 << 12, 15 << 12, 15 << 12, 15 << 12},
+      {15 << 16, 15 << 16, 15 << 16, 15 << 16, 15 << 16, 15 << 16, 15 << 16, 15 << 16},
+      {15 << 20, 15 << 20, 15 << 20, 15 << 20, 15 << 20, 15 << 20, 15 << 20, 15 << 20},
+      {15 << 24, 15 << 24, 15 << 24, 15 << 24, 15 << 24, 15 << 24, 15 << 24, 15 << 24}};
+  ENGINE_AVX2 static F nib_f32(I v, int t, F) {
+    if (t == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 28));
+    const int32_t* mask = kNibMask[t];
+    __asm__("" : "+r"(mask));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(mask))));
+  }
+  ENGINE_AVX2 static F s8_f32(I v, int t) {
+    return _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * t), 24));
+  }
 };
 
 struct QuantAvx512 {
@@ -289,6 +332,18 @@ struct QuantAvx512 {
   ENGINE_AVX512 static B u4_lo_b(B v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
   ENGINE_AVX512 static B u4_hi_b(B v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }
   ENGINE_AVX512 static B xor80_b(B v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
+  static constexpr bool kNibTable = true, kNibScaled = false;  // vpermps reads the index's low 4 bits
+  ENGINE_AVX512 static I load_i(const void* p) { return _mm512_loadu_si512(p); }
+  ENGINE_AVX512 static F nib_table(float first) {
+    return _mm512_add_ps(_mm512_set1_ps(first),
+                         _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  }
+  ENGINE_AVX512 static F nib_f32(I v, int t, F table) {
+    return _mm512_permutexvar_ps(t ? _mm512_srli_epi32(v, 4 * t) : v, table);
+  }
+  ENGINE_AVX512 static F s8_f32(I v, int t) {
+    return _mm512_cvtepi32_ps(_mm512_srai_epi32(t == 3 ? v : _mm512_slli_epi32(v, 24 - 8 * t), 24));
+  }
 };
 #endif  // ENGINE_X86
 

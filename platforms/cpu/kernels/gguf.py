@@ -1,7 +1,7 @@
-"""Native GGUF dequantize (Q4_0/Q4_1/Q8_0 -> fp32/bf16), gguf_linear (a fused kernel that reads the GGUF blocks
-directly for decode and small batches, dequantize + torch matmul as the fallback) and gguf_linear_q8act (x rounded
-to Q8 blocks, integer block dots; on x86 and the portable ISA through a row-interleaved copy of the weight,
-see _packed_weight).
+"""Native GGUF dequantize (Q4_0/Q4_1/Q8_0 -> fp32/bf16), gguf_linear (a fused kernel for decode and small batches,
+dequantize + torch matmul as the fallback) and gguf_linear_q8act (x rounded to Q8 blocks, integer block dots). On x86
+and the portable ISA both linears read a row-interleaved copy of the weight (one copy per weight, whichever op runs
+it: see _packed_weight); NEON, VSX and RVV read the GGUF blocks directly.
 
 fp16 (the ppc platform's dtype) goes through the fp32 kernels: x widened once, y rounded to fp16 once, which is the
 ops' own definition (fp32 dequantized weight, fp32 accumulation, one rounding to x.dtype); the kernels take no fp16
@@ -195,16 +195,45 @@ def _q8act_packed_linear(x, raw, qtype, cols):
 
 
 # Fused: every weight block is decoded once per call, in registers (M = 1) or into an L1-resident fp32 panel
-# shared by all rows of x; fp32 math, x is never quantized.
+# shared by all rows of x; fp32 math, x is never quantized. Where the ISA has a packed kernel, _packed_fused_linear
+# below reads the packed copy instead (this one stays the kernel on the raw rows).
 _fused_linear = _native_linear("gguf_linear", FUSED_MAX_M, _dequant_matmul)
+
+
+def _packed_fused_linear(x, raw, qtype, cols):
+    """gguf_linear through the packed copy of the weight (csrc/gguf_packed_f32_impl.h: fp32 x, never quantized;
+    the same copy and cache as gguf_linear_q8act's) for M <= FUSED_MAX_M; the raw-row fused kernel where the ISA has
+    no packed kernel; dequantize + torch matmul above FUSED_MAX_M."""
+    if x.dtype == FP16:
+        return _packed_fused_linear(x.float(), raw, qtype, cols).to(FP16)
+    if x.is_contiguous():
+        x2, m, xs = x, x.numel() // cols, cols
+    else:
+        x2, m, xs = rows_of(x)
+    if m > FUSED_MAX_M:
+        return _dequant_matmul(x, raw, qtype, cols)
+    if raw.stride(1) != 1:  # not in the dispatch cache key: copy rather than misread
+        raw = raw.contiguous()
+    packed = _packed_weight(raw, qtype, cols)
+    n = raw.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype)
+    if packed is None:
+        _native.gguf_linear(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(), n,
+                            DTYPE_CODE[x.dtype])
+    else:
+        _native.gguf_linear_packed(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(),
+                                   n, DTYPE_CODE[x.dtype], packed.data_ptr())
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
 
 def register(registry) -> None:
     registry.register(gguf_dequantize, _dequant, name="native", supports=_supports_dequant, priority=PRIORITY,
                       note=isa_note())
-    registry.register(gguf_linear, _fused_linear, name="fused", supports=_supports_linear, priority=PRIORITY + 1,
+    packed_f32 = _native.gguf_packed_f32_variant()
+    registry.register(gguf_linear, _packed_fused_linear, name="fused", supports=_supports_linear,
+                      priority=PRIORITY + 1,
                       note=f"native fused decode + fp32 FMA (M <= {FUSED_MAX_M}; larger M: dequant_matmul); "
-                      + isa_note())
+                      + (f"row-interleaved weight copy, {packed_f32} at registration" if packed_f32 else isa_note()))
     packed = _native.gguf_packed_variant()
     registry.register(gguf_linear_q8act, _q8act_packed_linear, name="native", supports=_supports_linear,
                       priority=PRIORITY,

@@ -1,0 +1,155 @@
+// The packed fp32-activation tile (gguf_packed.h's layout, gguf_linear's contract), written once on the vector
+// layer: an int32 lane of a chunk vector holds 4 bytes of one row's block, so each of its 8 nibbles (Q4) or 4
+// bytes (Q8_0) becomes, in one to three instructions, the fp32 values of one block element for W rows at once
+// (nib_f32: AVX-512 one vpermps from a 16-entry table, which reads only the index's low 4 bits; AVX2 mask and
+// convert, the nibble left in place (kNibScaled: x comes scaled by 2^-4t, see GgufPackedF32Kernels); scalar
+// shift, mask, convert; s8_f32: shift(s), convert), and one FMA per row of x, x[k] broadcast, adds it to that
+// row's block sum. A decoded vector serves all MT rows of x. Per block and row of x:
+//   acc += d * sum_j(q_j x_j) + m * sum_j(x_j)
+// with q_j the stored code (Q4_0: the table gives u - 8 directly; without a table the sum is seeded with
+// -8 sum(x_b), as gguf_linear's gemv does), m = Q4_1's minimum (0 otherwise), sum(x_b) computed once per call
+// (PackedF32X::xsum). The reference sums (q_j d + m) x_j in fp32: the same sum, rounded in another order.
+// x arrives tiled, [k][MT] per tile of MT rows (PackedF32X), so every x value a block reads sits at a constant
+// offset from one pointer (row-major x needs MT row pointers: GCC spilled them, ~40% of the instructions at
+// MT = 12). A group of 16 rows is 16 / W vectors wide, done HH at a time (kF32Halves; the next pass finds the
+// group in L1). Instantiated by gguf_packed_f32_{scalar,avx2,avx512}.cpp after defining ENGINE_VEC_FN.
+#include "gguf_dequant.h"
+#include "gguf_packed.h"
+#include "vec.h"
+
+#ifndef ENGINE_VEC_FN
+#error "define ENGINE_VEC_FN before including gguf_packed_f32_impl.h"
+#endif
+
+namespace engine_cpu {
+namespace {
+
+// Rows of x per tile: MT block sums and MT accumulators live in registers beside ~5 operands (AVX-512 32
+// registers, AVX2 16, scalar modelled as 16).
+template <class V>
+constexpr int kF32TileRows = V::W == 16 ? 12 : V::W == 8 ? 5 : 4;
+// (Tried on AVX-512: 16 and 24 rows of x with each decoded vector scaled first, w = q d + m, and no block sums:
+// fewer instructions per FMA, yet 4-12% slower at M = 16..64 on Zen 5, so not kept.)
+// Rows of x up to which the AVX2 tile runs (gguf_linear's raw-row kernel above; measured on Zen 5).
+constexpr int64_t kF32Avx2MaxM = 8;
+// Independent block-sum chains per row of x: FMA latency x throughput wants ~8 chains in flight (AVX-512 has the
+// registers for 8 chains up to MT = 4).
+template <class V, int MT>
+constexpr int kF32Chains = V::W == 16 ? (MT == 1 ? 8 : MT == 2 ? 4 : MT <= 4 ? 2 : 1) : (MT == 1 ? 2 : 1);
+// Vectors of a group done in one pass (HH of its 16 / W): AVX2 takes both halves at once for MT <= 2, sharing each
+// x broadcast between two FMAs (it has no broadcast operands); else one vector per pass.
+template <class V, int MT>
+constexpr int kF32Halves = V::W == 8 && MT <= 2 ? 2 : 1;
+
+// Block b of HH x W rows (quants at q, fp16 scales at d, minimums at m; vector hh W lanes further) against the MT
+// rows of a tile of x (xb: its block b, element e of row i at xb[e * MT + i]; xsum: its block sums of block b, row
+// i at xsum[i]).
+template <class V, int kQ, int MT, int HH>
+[[gnu::always_inline]] ENGINE_VEC_FN inline void f32_block(typename V::F (&acc)[HH][MT], const uint8_t* q,
+                                                           const uint16_t* d, const uint16_t* m, const float* xb,
+                                                           const float* xsum, typename V::F table) {
+  using F = typename V::F;
+  using I = typename V::I;
+  constexpr int W = V::W, C = kQ == kQ8_0 ? 8 : 4, T = kQ == kQ8_0 ? 4 : 8, U = kF32Chains<V, MT>;
+  constexpr bool kSeed = kQ == kQ4_0 && !V::kNibTable;
+  F s[U][HH][MT];
+  #pragma GCC unroll 32
+  for (int u = 0; u < U; ++u)
+    #pragma GCC unroll 32
+    for (int h = 0; h < HH; ++h)
+      #pragma GCC unroll 32
+      for (int i = 0; i < MT; ++i) s[u][h][i] = kSeed && u == 0 ? V::set1(-8.0f * xsum[i]) : V::zero();
+  #pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) {
+    I v[HH];
+    #pragma GCC unroll 4
+    for (int h = 0; h < HH; ++h) v[h] = V::load_i(q + 64 * c + 4 * W * h);
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      // Q4: nibble t is byte t / 2's low (element 4c + t / 2) or high (element 16 + 4c + t / 2) half.
+      const int e = kQ == kQ8_0 ? 4 * c + t : 4 * c + t / 2 + 16 * (t % 2);
+      const int u = (c * T + t) % U;
+      F w[HH];
+      #pragma GCC unroll 4
+      for (int h = 0; h < HH; ++h) w[h] = kQ == kQ8_0 ? V::s8_f32(v[h], t) : V::nib_f32(v[h], t, table);
+      #pragma GCC unroll 32
+      for (int i = 0; i < MT; ++i) {
+        const F xv = V::set1(xb[e * MT + i]);
+        #pragma GCC unroll 4
+        for (int h = 0; h < HH; ++h) s[u][h][i] = V::fma(w[h], xv, s[u][h][i]);
+      }
+    }
+  }
+  #pragma GCC unroll 4
+  for (int h = 0; h < HH; ++h) {
+    const F dw = V::load_fp16(d + W * h);
+    #pragma GCC unroll 32
+    for (int i = 0; i < MT; ++i) {
+      F t = s[0][h][i];
+      #pragma GCC unroll 4
+      for (int u = 1; u < U; ++u) t = V::add(t, s[u][h][i]);
+      acc[h][i] = V::fma(t, dw, acc[h][i]);
+    }
+    if constexpr (kQ == kQ4_1) {
+      const F mw = V::load_fp16(m + W * h);
+      #pragma GCC unroll 32
+      for (int i = 0; i < MT; ++i) acc[h][i] = V::fma(mw, V::set1(xsum[i]), acc[h][i]);
+    }
+  }
+}
+
+template <class V, int kQ, int MT>
+ENGINE_VEC_FN void f32_tile_t(const uint8_t* g, const PackedF32X& x, int64_t x0, float* out) {
+  using F = typename V::F;
+  constexpr int W = V::W, HH = kF32Halves<V, MT>, H = kPackRows / W / HH;
+  constexpr int QB = gguf_packed_quant_bytes(kQ), PB = gguf_packed_pair_bytes(kQ);
+  const int64_t nb = x.k / 32;
+  const float* xr = x.x + x0 * x.k;        // the tile, [k][MT]
+  const float* xsum = x.xsum + x0 * nb;  // [nb][MT]
+  const F table = V::nib_table(kQ == kQ4_0 ? -8.0f : 0.0f);
+  #pragma GCC unroll 1
+  for (int h = 0; h < H; ++h) {
+    F acc[HH][MT];
+    #pragma GCC unroll 4
+    for (int hh = 0; hh < HH; ++hh)
+      #pragma GCC unroll 32
+      for (int i = 0; i < MT; ++i) acc[hh][i] = V::zero();
+    const uint8_t* p = g + 4 * W * HH * h;                                        // quants of a pair's first block
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(g + 2 * QB) + W * HH * h;  // its scales
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, p += PB, s += PB / 2) {
+      f32_block<V, kQ, MT, HH>(acc, p, s, s + 2 * kPackRows, xr + 32 * MT * b, xsum + MT * b, table);
+      f32_block<V, kQ, MT, HH>(acc, p + QB, s + kPackRows, s + 3 * kPackRows, xr + 32 * MT * (b + 1),
+                           xsum + MT * (b + 1), table);
+    }
+    if (b < nb) f32_block<V, kQ, MT, HH>(acc, p, s, s + 2 * kPackRows, xr + 32 * MT * b, xsum + MT * b, table);
+    #pragma GCC unroll 4
+    for (int hh = 0; hh < HH; ++hh)
+      #pragma GCC unroll 32
+      for (int i = 0; i < MT; ++i) V::store(out + i * kPackRows + W * (HH * h + hh), acc[hh][i]);
+  }
+}
+
+template <class V, int kQ, int MT>
+ENGINE_VEC_FN inline void f32_tile_rows(int mt, const uint8_t* g, const PackedF32X& x, int64_t x0, float* out) {
+  if constexpr (MT > 1) {
+    if (mt < MT) return f32_tile_rows<V, kQ, MT - 1>(mt, g, x, x0, out);
+  }
+  f32_tile_t<V, kQ, MT>(g, x, x0, out);
+}
+
+template <class V>
+ENGINE_VEC_FN void f32_tile_impl(int qtype, const uint8_t* g, const PackedF32X& x, int64_t x0, int mt, float* out) {
+  with_qtype(qtype, [&](auto q) { f32_tile_rows<V, decltype(q)::value, kF32TileRows<V>>(mt, g, x, x0, out); });
+}
+
+template <class V>
+GgufPackedF32Kernels packed_f32_kernels() {
+  static_assert(kF32TileRows<V> <= kPackedF32MaxTileRows, "the driver's tile buffer holds kPackedF32MaxTileRows rows");
+  // AVX2 beats the raw-row kernel (gguf_linear.h's 4-row panels, x loads shared by 4 FMAs) only at small M:
+  // without embedded broadcasts each x value costs a broadcast per FMA here.
+  return {kF32TileRows<V>, V::kNibScaled, V::W == 8 ? kF32Avx2MaxM : int64_t{1} << 30, f32_tile_impl<V>};
+}
+
+}  // namespace
+}  // namespace engine_cpu
