@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "convert.h"
 #include "isa.h"
@@ -39,6 +40,21 @@ void gguf_linear(const GgufLinearArgs& a);
 
 // The argument checks shared by gguf_linear and gguf_linear_q8act (std::invalid_argument naming `op`).
 void check_gguf_linear_args(const GgufLinearArgs& a, const char* op);
+
+// Rows m0 .. m0 + mt - 1 of y, columns n0 .. n0 + cols - 1, from an fp32 tile whose row i starts at
+// tile + i * tile_stride (y's dtype: copied, or rounded to bf16).
+inline void store_y_tile(const GgufLinearArgs& a, const float* tile, int64_t tile_stride, int64_t m0, int mt,
+                         int64_t n0, int cols) {
+  for (int i = 0; i < mt; ++i) {
+    const float* src = tile + i * tile_stride;
+    if (a.dtype == DType::F32) {
+      std::memcpy(static_cast<float*>(a.y) + (m0 + i) * a.y_stride + n0, src, sizeof(float) * cols);
+    } else {
+      uint16_t* dst = static_cast<uint16_t*>(a.y) + (m0 + i) * a.y_stride + n0;
+      for (int j = 0; j < cols; ++j) dst[j] = f32_to_bf16(src[j]);
+    }
+  }
+}
 
 // Panel geometry shared by the ISA variants.
 constexpr int kPanelRows = 4;  // weight rows decoded together

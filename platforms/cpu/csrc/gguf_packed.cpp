@@ -59,6 +59,25 @@ constexpr int64_t kMinChunkWork = 1 << 14;
 // Runs of groups per thread (1, 2, 4 and 8 measured alike on the 2-core host; 4 leaves room for uneven threads).
 constexpr int64_t kRunsPerThread = 4;
 
+// Calls fn(g, first row, rows) for every 16-row group of y's n rows (group_bytes of weight each), threads claiming
+// runs of kRunsPerThread-th of their share of groups: each run is one sequential stream for the hardware prefetchers
+// (for_dynamic_chunks' finer chunks, interleaved between threads, read DRAM at half the rate, measured), and a thread
+// slowed by another process still takes fewer runs.
+template <class Fn>
+void for_group_runs(const GgufLinearArgs& a, int64_t group_bytes, Fn&& fn) {
+  const int64_t groups = (a.n + kPackRows - 1) / kPackRows;
+  const int64_t group_work = group_bytes * std::max<int64_t>(1, a.m / 2);
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads(), groups * group_work / kMinChunkWork));
+  const int64_t run = std::max<int64_t>(1, (groups + kRunsPerThread * threads - 1) / (kRunsPerThread * threads));
+  const int64_t runs = (groups + run - 1) / run;
+  for_dynamic_chunks(runs, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t g = r0 * run; g < std::min(groups, r1 * run); ++g) {
+      const int64_t n0 = g * kPackRows;
+      fn(g, n0, static_cast<int>(std::min<int64_t>(kPackRows, a.n - n0)));
+    }
+  });
+}
+
 bool have_packed_kernels(GgufPackedKernels* out) {
   switch (current_isa()) {
 #ifdef ENGINE_X86
@@ -199,32 +218,13 @@ void gguf_linear_q8act_packed(const GgufLinearArgs& a, const uint8_t* packed) {
   });
   const PackedX xq{qp, dp, sp, ip, k};
 
-  const int64_t groups = (n + kPackRows - 1) / kPackRows, gb = gguf_packed_group_bytes(a.qtype, k);
-  const int64_t group_work = gb * std::max<int64_t>(1, m / 2);
-  // Threads claim runs of kRunsPerThread-th of their share of groups: each run is one sequential stream for the
-  // hardware prefetchers (for_dynamic_chunks' finer chunks, interleaved between threads, read DRAM at half the
-  // rate, measured), and a thread slowed by another process still takes fewer runs.
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads(), groups * group_work / kMinChunkWork));
-  const int64_t run = std::max<int64_t>(1, (groups + kRunsPerThread * threads - 1) / (kRunsPerThread * threads));
-  const int64_t runs = (groups + run - 1) / run;
-  for_dynamic_chunks(runs, 1, [&](int64_t r0, int64_t r1) {
+  const int64_t gb = gguf_packed_group_bytes(a.qtype, k);
+  for_group_runs(a, gb, [&](int64_t g, int64_t n0, int rows) {
     alignas(64) float tile[kPackedMaxTileRows * kPackRows];
-    for (int64_t g = r0 * run; g < std::min(groups, r1 * run); ++g) {
-      const int64_t n0 = g * kPackRows;
-      const int rows = static_cast<int>(std::min<int64_t>(kPackRows, n - n0));
-      for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
-        const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
-        kern.tile(a.qtype, packed + g * gb, xq, m0, mt, tile);
-        for (int i = 0; i < mt; ++i) {
-          const float* src = tile + i * kPackRows;
-          if (a.dtype == DType::F32) {
-            std::memcpy(static_cast<float*>(a.y) + (m0 + i) * a.y_stride + n0, src, sizeof(float) * rows);
-          } else {
-            uint16_t* dst = static_cast<uint16_t*>(a.y) + (m0 + i) * a.y_stride + n0;
-            for (int j = 0; j < rows; ++j) dst[j] = f32_to_bf16(src[j]);
-          }
-        }
-      }
+    for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
+      const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
+      kern.tile(a.qtype, packed + g * gb, xq, m0, mt, tile);
+      store_y_tile(a, tile, kPackRows, m0, mt, n0, rows);
     }
   });
 }
@@ -283,30 +283,13 @@ void gguf_linear_packed(const GgufLinearArgs& a, const uint8_t* packed) {
   }
   const PackedF32X xf{copy ? xt : static_cast<const float*>(a.x), st, k};
 
-  // Threads over runs of groups, as gguf_linear_q8act_packed.
-  const int64_t groups = (n + kPackRows - 1) / kPackRows, gb = gguf_packed_group_bytes(a.qtype, k);
-  const int64_t group_work = gb * std::max<int64_t>(1, m / 2);
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads(), groups * group_work / kMinChunkWork));
-  const int64_t run = std::max<int64_t>(1, (groups + kRunsPerThread * threads - 1) / (kRunsPerThread * threads));
-  const int64_t runs = (groups + run - 1) / run;
-  for_dynamic_chunks(runs, 1, [&](int64_t r0, int64_t r1) {
+  const int64_t gb = gguf_packed_group_bytes(a.qtype, k);
+  for_group_runs(a, gb, [&](int64_t g, int64_t n0, int rows) {
     alignas(64) float tile[kPackedF32MaxTileRows * kPackRows];
-    for (int64_t g = r0 * run; g < std::min(groups, r1 * run); ++g) {
-      const int64_t n0 = g * kPackRows;
-      const int rows = static_cast<int>(std::min<int64_t>(kPackRows, n - n0));
-      for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
-        const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
-        kern.tile(a.qtype, packed + g * gb, xf, m0, mt, tile);
-        for (int i = 0; i < mt; ++i) {
-          const float* src = tile + i * kPackRows;
-          if (a.dtype == DType::F32) {
-            std::memcpy(static_cast<float*>(a.y) + (m0 + i) * a.y_stride + n0, src, sizeof(float) * rows);
-          } else {
-            uint16_t* dst = static_cast<uint16_t*>(a.y) + (m0 + i) * a.y_stride + n0;
-            for (int j = 0; j < rows; ++j) dst[j] = f32_to_bf16(src[j]);
-          }
-        }
-      }
+    for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
+      const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
+      kern.tile(a.qtype, packed + g * gb, xf, m0, mt, tile);
+      store_y_tile(a, tile, kPackRows, m0, mt, n0, rows);
     }
   });
 }

@@ -105,15 +105,7 @@ void gguf_linear_q8act(const GgufLinearArgs& a) {
       for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
         const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
         kern.tile(a.qtype, a.w + n0 * a.w_stride, a.w_stride, rows, xq, m0, mt, tile, lut);
-        for (int i = 0; i < mt; ++i) {
-          const float* src = tile + i * kQ8PanelRows;
-          if (a.dtype == DType::F32) {
-            std::memcpy(static_cast<float*>(a.y) + (m0 + i) * a.y_stride + n0, src, sizeof(float) * rows);
-          } else {
-            uint16_t* dst = static_cast<uint16_t*>(a.y) + (m0 + i) * a.y_stride + n0;
-            for (int j = 0; j < rows; ++j) dst[j] = f32_to_bf16(src[j]);
-          }
-        }
+        store_y_tile(a, tile, kQ8PanelRows, m0, mt, n0, rows);
       }
     }
   });
