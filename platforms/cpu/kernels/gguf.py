@@ -166,32 +166,43 @@ def _packed_weight(raw: torch.Tensor, qtype: int, cols: int):
     return packed
 
 
-def _q8act_packed_linear(x, raw, qtype, cols):
-    """gguf_linear_q8act through the packed copy of the weight for M <= PACKED_MAX_M, on the raw rows for M <=
-    Q8ACT_MAX_M where the ISA has no packed kernel, else torch quantize + GEMM. The native packed call itself falls
-    back to the raw rows when the ISA changed since packing to one without a packed kernel."""
-    if x.dtype == FP16:
-        return _q8act_packed_linear(x.float(), raw, qtype, cols).to(FP16)
-    if x.is_contiguous():
-        x2, m, xs = x, x.numel() // cols, cols
-    else:
-        x2, m, xs = rows_of(x)
-    if m > PACKED_MAX_M:
-        return _q8act_dequant_matmul(x, raw, qtype, cols)
-    if raw.stride(1) != 1:  # not in the dispatch cache key: copy rather than misread
-        raw = raw.contiguous()
-    packed = _packed_weight(raw, qtype, cols)
-    if packed is None and m > Q8ACT_MAX_M:
-        return _q8act_dequant_matmul(x, raw, qtype, cols)
-    n = raw.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype)
-    if packed is None:
-        _native.gguf_linear_q8act(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(),
-                                  n, DTYPE_CODE[x.dtype])
-    else:
-        _native.gguf_linear_q8act_packed(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n,
-                                         y.data_ptr(), n, DTYPE_CODE[x.dtype], packed.data_ptr())
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+def _packed_linear(raw_kernel: str, packed_kernel: str, packed_max_m: int, raw_max_m: int, fallback):
+    """A wrapper calling ``_native.<packed_kernel>`` on the packed copy of the weight for up to ``packed_max_m`` rows
+    of x; where the ISA has no packed kernel, ``_native.<raw_kernel>`` on the raw rows for up to ``raw_max_m``; else
+    ``fallback``. The native packed call itself falls back to the raw rows when the ISA changed since packing to one
+    without a packed kernel. Kernels are looked up on the module at each call (see _native_linear)."""
+
+    def linear(x, raw, qtype, cols):
+        if x.dtype == FP16:
+            return linear(x.float(), raw, qtype, cols).to(FP16)
+        if x.is_contiguous():
+            x2, m, xs = x, x.numel() // cols, cols
+        else:
+            x2, m, xs = rows_of(x)
+        if m > packed_max_m:
+            return fallback(x, raw, qtype, cols)
+        if raw.stride(1) != 1:  # not in the dispatch cache key: copy rather than misread
+            raw = raw.contiguous()
+        packed = _packed_weight(raw, qtype, cols)
+        if packed is None and m > raw_max_m:
+            return fallback(x, raw, qtype, cols)
+        n = raw.shape[0]
+        y = torch.empty(m, n, dtype=x.dtype)
+        args = (qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(), n,
+                DTYPE_CODE[x.dtype])
+        if packed is None:
+            getattr(_native, raw_kernel)(*args)
+        else:
+            getattr(_native, packed_kernel)(*args, packed.data_ptr())
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+    return linear
+
+
+# Q8 activations through the packed copy (M <= PACKED_MAX_M), on the raw rows where the ISA has none (M <=
+# Q8ACT_MAX_M), else torch quantize + GEMM.
+_q8act_packed_linear = _packed_linear("gguf_linear_q8act", "gguf_linear_q8act_packed", PACKED_MAX_M, Q8ACT_MAX_M,
+                                      _q8act_dequant_matmul)
 
 
 # Fused: every weight block is decoded once per call, in registers (M = 1) or into an L1-resident fp32 panel
@@ -200,30 +211,10 @@ def _q8act_packed_linear(x, raw, qtype, cols):
 _fused_linear = _native_linear("gguf_linear", FUSED_MAX_M, _dequant_matmul)
 
 
-def _packed_fused_linear(x, raw, qtype, cols):
-    """gguf_linear through the packed copy of the weight (csrc/gguf_packed_f32_impl.h: fp32 x, never quantized;
-    the same copy and cache as gguf_linear_q8act's) for M <= FUSED_MAX_M; the raw-row fused kernel where the ISA has
-    no packed kernel; dequantize + torch matmul above FUSED_MAX_M."""
-    if x.dtype == FP16:
-        return _packed_fused_linear(x.float(), raw, qtype, cols).to(FP16)
-    if x.is_contiguous():
-        x2, m, xs = x, x.numel() // cols, cols
-    else:
-        x2, m, xs = rows_of(x)
-    if m > FUSED_MAX_M:
-        return _dequant_matmul(x, raw, qtype, cols)
-    if raw.stride(1) != 1:  # not in the dispatch cache key: copy rather than misread
-        raw = raw.contiguous()
-    packed = _packed_weight(raw, qtype, cols)
-    n = raw.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype)
-    if packed is None:
-        _native.gguf_linear(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(), n,
-                            DTYPE_CODE[x.dtype])
-    else:
-        _native.gguf_linear_packed(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(),
-                                   n, DTYPE_CODE[x.dtype], packed.data_ptr())
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+# gguf_linear through the packed copy (csrc/gguf_packed_f32_impl.h: fp32 x, never quantized; the same copy and cache
+# as gguf_linear_q8act's) for M <= FUSED_MAX_M; the raw-row fused kernel where the ISA has no packed kernel;
+# dequantize + torch matmul above FUSED_MAX_M.
+_packed_fused_linear = _packed_linear("gguf_linear", "gguf_linear_packed", FUSED_MAX_M, FUSED_MAX_M, _dequant_matmul)
 
 
 def register(registry) -> None:
