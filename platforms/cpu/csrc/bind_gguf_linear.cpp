@@ -13,30 +13,53 @@ namespace engine_cpu {
 
 namespace {
 
-// Both GGUF linears take the same raw-address arguments (GgufLinearArgs); their drivers validate them,
-// the dtype code included.
+// The GGUF linears take the same raw-address arguments (GgufLinearArgs); their drivers validate them, the dtype
+// code included. The packed ones (Fn with a second argument) also take the address of the packed copy.
 template <void (*Fn)(const GgufLinearArgs&)>
+void call_linear(const GgufLinearArgs& a, std::uintptr_t) { Fn(a); }
+
+template <void (*Fn)(const GgufLinearArgs&, const uint8_t*)>
+void call_packed(const GgufLinearArgs& a, std::uintptr_t packed) { Fn(a, reinterpret_cast<const uint8_t*>(packed)); }
+
+template <void (*Call)(const GgufLinearArgs&, std::uintptr_t), bool kPacked>
 void def_gguf_linear(py::module_& m, const char* name, const char* doc) {
-  m.def(
-      name,
-      [](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w, int64_t w_stride,
-         int64_t n, std::uintptr_t y, int64_t y_stride, int dtype) {
-        Fn({qtype, reinterpret_cast<const void*>(x), x_stride, rows, k, reinterpret_cast<const uint8_t*>(w),
-            w_stride, n, reinterpret_cast<void*>(y), y_stride, static_cast<DType>(dtype)});
-      },
-      py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
-      py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"),
-      py::call_guard<py::gil_scoped_release>(), doc);
+  auto args = [](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w,
+                 int64_t w_stride, int64_t n, std::uintptr_t y, int64_t y_stride, int dtype) {
+    return GgufLinearArgs{qtype, reinterpret_cast<const void*>(x), x_stride, rows, k,
+                          reinterpret_cast<const uint8_t*>(w), w_stride, n, reinterpret_cast<void*>(y), y_stride,
+                          static_cast<DType>(dtype)};
+  };
+  if constexpr (kPacked) {
+    m.def(
+        name,
+        [args](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w,
+               int64_t w_stride, int64_t n, std::uintptr_t y, int64_t y_stride, int dtype, std::uintptr_t packed) {
+          Call(args(qtype, x, x_stride, rows, k, w, w_stride, n, y, y_stride, dtype), packed);
+        },
+        py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
+        py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"), py::arg("packed"),
+        py::call_guard<py::gil_scoped_release>(), doc);
+  } else {
+    m.def(
+        name,
+        [args](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w,
+               int64_t w_stride, int64_t n, std::uintptr_t y, int64_t y_stride, int dtype) {
+          Call(args(qtype, x, x_stride, rows, k, w, w_stride, n, y, y_stride, dtype), 0);
+        },
+        py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
+        py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"),
+        py::call_guard<py::gil_scoped_release>(), doc);
+  }
 }
 
 }  // namespace
 
 void bind_gguf_linear(py::module_& m) {
-  def_gguf_linear<gguf_linear>(
+  def_gguf_linear<call_linear<gguf_linear>, false>(
       m, "gguf_linear",
       "y[m, n] = x[m, :k] . dequant(w)[n, :k]: x and y of dtype (0 fp32, 1 bf16; strides in elements), w GGUF "
       "Q4_0/Q4_1/Q8_0 rows w_stride bytes apart; fp32 math, never materializes the weight.");
-  def_gguf_linear<gguf_linear_q8act>(
+  def_gguf_linear<call_linear<gguf_linear_q8act>, false>(
       m, "gguf_linear_q8act",
       "As gguf_linear, with x rounded to Q8 blocks (engine.core.ops.gguf_q8act.quantize_q8_blocks) and integer "
       "block dots.");
@@ -70,35 +93,15 @@ void bind_gguf_linear(py::module_& m) {
       "the bytes advised.");
   m.def("gguf_packed_variant", &gguf_packed_variant,
         "The packed kernel variant for the current ISA (avx512_vnni, avx2, scalar), or '' where there is none.");
-  m.def(
-      "gguf_linear_q8act_packed",
-      [](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w, int64_t w_stride,
-         int64_t n, std::uintptr_t y, int64_t y_stride, int dtype, std::uintptr_t packed) {
-        gguf_linear_q8act_packed({qtype, reinterpret_cast<const void*>(x), x_stride, rows, k,
-                                  reinterpret_cast<const uint8_t*>(w), w_stride, n, reinterpret_cast<void*>(y),
-                                  y_stride, static_cast<DType>(dtype)},
-                                 reinterpret_cast<const uint8_t*>(packed));
-      },
-      py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
-      py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"), py::arg("packed"),
-      py::call_guard<py::gil_scoped_release>(),
+  def_gguf_linear<call_packed<gguf_linear_q8act_packed>, true>(
+      m, "gguf_linear_q8act_packed",
       "gguf_linear_q8act reading the weight from packed (gguf_pack of w); on the raw rows w where "
       "gguf_packed_variant() is ''.");
   m.def("gguf_packed_f32_variant", &gguf_packed_f32_variant,
         "The packed fp32-activation kernel variant for the current ISA (avx512, avx2, scalar), or '' where there is "
         "none (exactly where gguf_packed_variant() is '').");
-  m.def(
-      "gguf_linear_packed",
-      [](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w, int64_t w_stride,
-         int64_t n, std::uintptr_t y, int64_t y_stride, int dtype, std::uintptr_t packed) {
-        gguf_linear_packed({qtype, reinterpret_cast<const void*>(x), x_stride, rows, k,
-                            reinterpret_cast<const uint8_t*>(w), w_stride, n, reinterpret_cast<void*>(y), y_stride,
-                            static_cast<DType>(dtype)},
-                           reinterpret_cast<const uint8_t*>(packed));
-      },
-      py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
-      py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"), py::arg("packed"),
-      py::call_guard<py::gil_scoped_release>(),
+  def_gguf_linear<call_packed<gguf_linear_packed>, true>(
+      m, "gguf_linear_packed",
       "gguf_linear (fp32 x, never quantized) reading the weight from packed (gguf_pack of w); on the raw rows w "
       "where gguf_packed_f32_variant() is ''.");
 }

@@ -47,13 +47,6 @@ void move_row(int qtype, uint8_t* raw, uint8_t* g, int r, int64_t nb, bool to_pa
   }
 }
 
-template <class T>
-T* aligned64(std::vector<T>& v, size_t n) {
-  v.resize(n + 64 / sizeof(T));
-  const size_t skip = (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64 / sizeof(T);
-  return v.data() + skip;
-}
-
 // Below this much work (weight bytes x rows of x, roughly) a chunk of groups stays on one thread.
 constexpr int64_t kMinChunkWork = 1 << 14;
 // Runs of groups per thread (1, 2, 4 and 8 measured alike on the 2-core host; 4 leaves room for uneven threads).

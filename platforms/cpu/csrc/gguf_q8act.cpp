@@ -17,14 +17,6 @@ namespace engine_cpu {
 
 namespace {
 
-// The first n elements from a 64-byte boundary inside v (grown to fit).
-template <class T>
-T* aligned64(std::vector<T>& v, size_t n) {
-  v.resize(n + 64 / sizeof(T));
-  const size_t skip = (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64 / sizeof(T);
-  return v.data() + skip;
-}
-
 // Below this much work (weight bytes x rows of x, roughly) a chunk stays on one thread.
 constexpr int64_t kMinChunkWork = 1 << 14;
 

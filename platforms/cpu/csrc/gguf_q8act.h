@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "convert.h"
 #include "gguf_linear.h"
@@ -33,6 +34,15 @@ struct Q8Rows {
   int64_t k;
   int lanes;
 };
+
+// The first n elements from a 64-byte boundary inside v (grown to fit): the drivers' activation buffers (the
+// kernels' speed depended on malloc's 16-byte placement).
+template <class T>
+T* aligned64(std::vector<T>& v, size_t n) {
+  v.resize(n + 64 / sizeof(T));
+  const size_t skip = (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64 / sizeof(T);
+  return v.data() + skip;
+}
 
 constexpr int kQ8PanelRows = 4;  // weight rows per tile call
 

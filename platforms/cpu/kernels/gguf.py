@@ -89,32 +89,6 @@ def _q8act_dequant_matmul(x, raw, qtype, cols):
     return torch.nn.functional.linear(q8_round(x), _dequant(raw, qtype, cols, torch.float32)).to(x.dtype)
 
 
-def _native_linear(kernel: str, max_m: int, fallback):
-    """A wrapper calling ``_native.<kernel>`` (a GGUF linear: csrc/gguf_linear.h or gguf_q8act.h) for up to
-    ``max_m`` rows of x and ``fallback`` above. Lean on purpose: a decode step makes ~120 of these calls, and each
-    microsecond here is ~0.1 ms a token. The kernel is looked up on the module at each call, as every wrapper
-    does, so a CPU graph capture (platforms/cpu/graph.py) sees the call."""
-
-    def linear(x, raw, qtype, cols):
-        if x.dtype == FP16:
-            return linear(x.float(), raw, qtype, cols).to(FP16)
-        if x.is_contiguous():
-            x2, m, xs = x, x.numel() // cols, cols
-        else:
-            x2, m, xs = rows_of(x)
-        if m > max_m:
-            return fallback(x, raw, qtype, cols)
-        if raw.stride(1) != 1:  # not in the dispatch cache key: copy rather than misread
-            raw = raw.contiguous()
-        n = raw.shape[0]
-        y = torch.empty(m, n, dtype=x.dtype)
-        getattr(_native, kernel)(qtype, x2.data_ptr(), xs, m, cols, raw.data_ptr(), raw.stride(0), n, y.data_ptr(),
-                                 n, DTYPE_CODE[x.dtype])
-        return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
-
-    return linear
-
-
 # Row-interleaved copies of GGUF weights for the packed Q8-activation kernels (csrc/gguf_packed.h: 16 rows per
 # vector, all their block scales in one load; a decode GEMV then streams memory instead of spending ~12-22
 # instructions per block and row). Memory cost: one more copy of each weight's GGUF bytes (rows padded to 16),
@@ -166,11 +140,13 @@ def _packed_weight(raw: torch.Tensor, qtype: int, cols: int):
     return packed
 
 
-def _packed_linear(raw_kernel: str, packed_kernel: str, packed_max_m: int, raw_max_m: int, fallback):
+def _packed_linear(raw_kernel: str, packed_kernel: str | None, packed_max_m: int, raw_max_m: int, fallback):
     """A wrapper calling ``_native.<packed_kernel>`` on the packed copy of the weight for up to ``packed_max_m`` rows
-    of x; where the ISA has no packed kernel, ``_native.<raw_kernel>`` on the raw rows for up to ``raw_max_m``; else
-    ``fallback``. The native packed call itself falls back to the raw rows when the ISA changed since packing to one
-    without a packed kernel. Kernels are looked up on the module at each call (see _native_linear)."""
+    of x; where the ISA has no packed kernel (or ``packed_kernel`` is None), ``_native.<raw_kernel>`` (a GGUF linear:
+    csrc/gguf_linear.h or gguf_q8act.h) on the raw rows for up to ``raw_max_m``; else ``fallback``. The native packed
+    call itself falls back to the raw rows when the ISA changed since packing to one without a packed kernel.
+    Lean on purpose: a decode step makes ~120 of these calls, and each microsecond here is ~0.1 ms a token. Kernels
+    are looked up on the module at each call, so a CPU graph capture (platforms/cpu/graph.py) sees the call."""
 
     def linear(x, raw, qtype, cols):
         if x.dtype == FP16:
@@ -179,11 +155,11 @@ def _packed_linear(raw_kernel: str, packed_kernel: str, packed_max_m: int, raw_m
             x2, m, xs = x, x.numel() // cols, cols
         else:
             x2, m, xs = rows_of(x)
-        if m > packed_max_m:
+        if m > max(packed_max_m, raw_max_m):
             return fallback(x, raw, qtype, cols)
         if raw.stride(1) != 1:  # not in the dispatch cache key: copy rather than misread
             raw = raw.contiguous()
-        packed = _packed_weight(raw, qtype, cols)
+        packed = _packed_weight(raw, qtype, cols) if packed_kernel is not None and m <= packed_max_m else None
         if packed is None and m > raw_max_m:
             return fallback(x, raw, qtype, cols)
         n = raw.shape[0]
@@ -208,7 +184,7 @@ _q8act_packed_linear = _packed_linear("gguf_linear_q8act", "gguf_linear_q8act_pa
 # Fused: every weight block is decoded once per call, in registers (M = 1) or into an L1-resident fp32 panel
 # shared by all rows of x; fp32 math, x is never quantized. Where the ISA has a packed kernel, _packed_fused_linear
 # below reads the packed copy instead (this one stays the kernel on the raw rows).
-_fused_linear = _native_linear("gguf_linear", FUSED_MAX_M, _dequant_matmul)
+_fused_linear = _packed_linear("gguf_linear", None, FUSED_MAX_M, FUSED_MAX_M, _dequant_matmul)
 
 
 # gguf_linear through the packed copy (csrc/gguf_packed_f32_impl.h: fp32 x, never quantized; the same copy and cache
