@@ -30,17 +30,9 @@ KERNEL_SECTIONS = ("attention", "moe", "fp8", "quant", "gemv")
 
 def ceilings() -> dict:
     """Device-to-device copy bandwidth (bytes read + written) and the bf16 GEMM rate, measured here."""
-    import triton.testing as tt
+    from gpu.ceilings import bf16_gemm_rate, copy_bandwidth
 
-    n = 1 << 30
-    a, b = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
-    a.random_()
-    ms = tt.do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
-    copy_bw = 2 * n / (ms * 1e-3)
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms = tt.do_bench(lambda: x @ y, warmup=50, rep=300, return_mode="median")
-    gemm = 2 * 8192 ** 3 / (ms * 1e-3)
+    copy_bw, gemm = copy_bandwidth(), bf16_gemm_rate()
     return {"copy_bytes_per_s": copy_bw, "bf16_flops": gemm}
 
 

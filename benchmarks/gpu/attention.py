@@ -28,30 +28,25 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from engine.platforms.triton_kernels import attention as A
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.gpu import ceilings  # noqa: E402
+from benchmarks.gpu.ceilings import bench_us as _bench_us  # noqa: E402
+
 HQ, HK, D, BLOCK = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 DEVICE = "cuda"  # a module global so that the logic can be smoke-tested elsewhere
 
 
-def _bench_us(fn, warmup=25, rep=200) -> float:
-    import triton.testing as tt
-
-    return tt.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
-
-
 def copy_bandwidth() -> float:
-    """Device-to-device copy, bytes read + written per second (1 GiB)."""
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device=DEVICE).random_()
-    b = torch.empty_like(a)
-    us = _bench_us(lambda: b.copy_(a), warmup=50, rep=300)
-    return 2 * n / (us * 1e-6)
+    return ceilings.copy_bandwidth(DEVICE)
 
 
 def _l2_bytes() -> int:

@@ -30,6 +30,8 @@ H200 tables and checked only by compiling for sm_90 (no GPU was at hand), so tha
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -38,33 +40,26 @@ from engine.core.ops.moe import fused_moe
 from engine.core.ops.moe_fp8 import fused_moe_fp8
 from engine.platforms.triton_kernels import fused_moe as M
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.gpu import ceilings  # noqa: E402
+from benchmarks.gpu.ceilings import bench_us as _bench_us  # noqa: E402
+
 E, TOP_K, HIDDEN, INTER = 8, 2, 4096, 14336
 DEVICE = "cuda"
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 
 
-def _bench_us(fn, warmup=25, rep=200) -> float:
-    import triton.testing as tt
-
-    return tt.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
-
-
 def copy_bandwidth() -> float:
-    """Device-to-device copy, bytes read + written per second (1 GiB)."""
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device=DEVICE).random_()
-    b = torch.empty_like(a)
-    us = _bench_us(lambda: b.copy_(a), warmup=50, rep=300)
-    return 2 * n / (us * 1e-6)
+    return ceilings.copy_bandwidth(DEVICE)
 
 
 def matmul_rates() -> tuple[float, float | None]:
     """(bf16 torch.matmul FLOP/s, FP8 torch._scaled_mm per-tensor FLOP/s or None) at 8192^3."""
     n = 8192
+    bf16 = ceilings.bf16_gemm_rate(DEVICE, n)
     x = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
     y = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
-    bf16 = 2 * n ** 3 / (_bench_us(lambda: x @ y, warmup=50, rep=300) * 1e-6)
     try:
         xq, yq = x.to(FP8), y.to(FP8).t()  # mat2 column-major
         one = torch.ones((), device=DEVICE)
