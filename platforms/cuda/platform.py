@@ -28,11 +28,14 @@ class CudaPlatform(TorchAcceleratorPlatform):
         return (torch.bfloat16, torch.float16, torch.float32)
 
     def register_kernels(self, registry) -> None:
-        """The portable Triton kernels (compute capability gates their FP8 and NVFP4 paths)."""
+        """The portable Triton kernels (compute capability gates their FP8 and NVFP4 paths), then this plugin's own:
+        FlashInfer where installed, and the Hopper Gluon kernels (each gated on sm_90 and Gluon, else skipped)."""
         from engine.platforms import triton_kernels
 
-        from . import flashinfer_attention
+        from . import flashinfer_attention, gluon_fp8_block, gluon_nvfp4
 
         capability = self.capability()
         triton_kernels.register(registry, self.device_type, capability)
         flashinfer_attention.register(registry, self.device_type, capability)  # where installed; else skipped
+        gluon_fp8_block.register(registry, self.device_type, capability)
+        gluon_nvfp4.register(registry, self.device_type, capability)

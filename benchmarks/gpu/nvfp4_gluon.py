@@ -1,0 +1,122 @@
+"""The Gluon NVFP4 W4A16 kernel (platforms/cuda/gluon_nvfp4.py) beside the Triton default and cuBLAS bf16, one process.
+
+    python benchmarks/gpu/nvfp4_gluon.py            # 4096x14336 and 14336x4096, M = 1, 2, 3, 4, 8, 16, tiles
+    python benchmarks/gpu/nvfp4_gluon.py '[{"row_tiles": 4}]'   # these Gluon configs only (beside the default one)
+
+Every variant is checked against the op's reference on fresh random inputs (``err`` = ||out - ref|| / ||ref||;
+WRONG above 5e-3), then timed as CUDA-graph replays over weight sets rotating past L2 (benchmarks/gpu/quant.py's
+``_rotating``). ``triton`` is the portable module's default kernel (the GEMV up to M = 4, tensor cores above),
+``cublas`` torch's bf16 linear on the dequantized-size weight. Prints a row per variant with its ratio to cuBLAS and
+to the Triton default, then a SUMMARY line per M (the best Gluon variant on both shapes); rows go to
+$OUT/nvfp4_gluon.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+WRONG = 5e-3
+SHAPES = ((4096, 14336), (14336, 4096))
+MS = (1, 2, 3, 4, 8, 16)
+CONFIGS = [{}, {"warps": 4}, {"warps": 8}, {"warps": 16}, {"row_tiles": 1, "warps": 16}, {"depth": 2},
+           {"row_tiles": 4, "warps": 4}, {"row_tiles": 4, "warps": 8}, {"row_tiles": 2, "warps": 8},
+           {"ks": 4, "warps": 4}, {"ks": 4, "warps": 8}, {"ks": 1, "warps": 16}]
+
+
+def rows(configs) -> list[dict]:
+    import triton
+
+    from benchmarks.gpu.quant import _buffers, _rel_err, _rotating
+    from engine.core.ops.nvfp4 import _nvfp4_linear_ref, nvfp4_global_scale
+    from engine.platforms.cuda import gluon_nvfp4 as gmod
+    from engine.platforms.triton_kernels import nvfp4 as nmod
+
+    dev = torch.device("cuda")
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    gen = torch.Generator(device=dev).manual_seed(int(time.time()))
+    print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    out = []
+    for n, k in SHAPES:
+        wbytes = n * k // 2 + n * k // 16
+        w16 = [torch.randn((n, k), device=dev, dtype=torch.bfloat16, generator=gen) * k**-0.5
+               for _ in range(_buffers(n * k * 2, l2))]
+        wq = []
+        for _ in range(_buffers(wbytes, l2)):
+            w = torch.randn((n, k), device=dev, dtype=torch.bfloat16, generator=gen) * k**-0.5
+            gs = nvfp4_global_scale(w)
+            wq.append((*nmod.quantize(w, gs), gs))
+        for m in MS:
+            x = torch.randn((m, k), device=dev, dtype=torch.bfloat16, generator=gen)
+            ref = _nvfp4_linear_ref(x, *wq[0], None)
+            cublas = _rotating([functools.partial(torch.nn.functional.linear, x, w) for w in w16], fast=True)
+            base = _rotating([functools.partial(nmod.w4a16_linear, x, *q, None) for q in wq], fast=True)
+            shape = f"M={m} {n}x{k}"
+            err = _rel_err(nmod.w4a16_linear(x, *wq[0], None), ref)
+            _emit(out, dict(shape=shape, m=m, kernel="triton", cfg="default", us=round(base, 2), err=f"{err:.2e}",
+                            ok=err < WRONG, cublas_us=round(cublas, 2), vs_cublas=round(cublas / base, 3),
+                            vs_triton=1.0, tbs=round(wbytes / base / 1e6, 2)))
+            for cfg in configs:
+                try:
+                    err = _rel_err(gmod.w4a16_mma_linear(x, *wq[0], None, config=cfg), ref)
+                    us = _rotating([functools.partial(gmod.w4a16_mma_linear, x, *q, None, config=cfg) for q in wq],
+                                   fast=True)
+                except Exception as exc:
+                    print(f"{shape} gluon {json.dumps(cfg)}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                    continue
+                _emit(out, dict(shape=shape, m=m, kernel="gluon", cfg=json.dumps(cfg, sort_keys=True),
+                                us=round(us, 2), err=f"{err:.2e}", ok=err < WRONG, cublas_us=round(cublas, 2),
+                                vs_cublas=round(cublas / us, 3), vs_triton=round(base / us, 3),
+                                tbs=round(wbytes / us / 1e6, 2)))
+        w16 = wq = None
+        torch.cuda.empty_cache()
+    return out
+
+
+def _emit(out: list, row: dict) -> None:
+    out.append(row)
+    print(f"{row['shape']} {row['kernel']} {row['cfg']}: {row['us']} us, {row['tbs']} TB/s, cuBLAS "
+          f"{row['cublas_us']} us, x{row['vs_cublas']} cuBLAS, x{row['vs_triton']} triton, err {row['err']}"
+          f"{'' if row['ok'] else ' WRONG'}", flush=True)
+
+
+def summary(out: list[dict]) -> list[dict]:
+    """Per M: the Gluon config with the best worst-shape ratio to the Triton default (correct rows only)."""
+    res = []
+    for m in MS:
+        by_cfg: dict[str, list[dict]] = {}
+        for r in out:
+            if r["m"] == m and r["kernel"] == "gluon" and r["ok"]:
+                by_cfg.setdefault(r["cfg"], []).append(r)
+        full = {c: rs for c, rs in by_cfg.items() if len(rs) == len(SHAPES)}
+        if not full:
+            continue
+        cfg, rs = max(full.items(), key=lambda kv: min(r["vs_triton"] for r in kv[1]))
+        res.append(dict(m=m, cfg=cfg, us=[r["us"] for r in rs], vs_triton=[r["vs_triton"] for r in rs],
+                        vs_cublas=[r["vs_cublas"] for r in rs]))
+        print("SUMMARY", json.dumps(res[-1]), flush=True)
+    return res
+
+
+def main() -> None:
+    configs = json.loads(sys.argv[1]) if len(sys.argv) > 1 else CONFIGS
+    if {} not in configs:
+        configs = [{}] + configs
+    out = rows(configs)
+    best = summary(out)
+    dest = os.environ.get("OUT")
+    if dest:
+        with open(os.path.join(dest, "nvfp4_gluon.json"), "w") as f:
+            json.dump(dict(rows=out, summary=best), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
