@@ -17,8 +17,9 @@ Measures, each system in its own subprocess (so one's threads never compete with
   chat prompt to one token. ``--startup-only`` measures (e) alone (a minute instead of ten).
 - (f) engine only: the share of a single-stream decode step spent outside the native kernels (Python, dispatch,
   allocation, scheduler, sampler, torch ops such as the sampler's argmax): 1 - (native kernel time per token, every
-  pybind kernel call timed by a perf_counter pair, over one request's decode steps) / (the untimed ms/token of the
-  same request run just before).
+  pybind kernel call timed by a perf_counter pair, over one request's decode steps) / (the ms/token of that same
+  timed run; the untimed ms/token of the same request, run just before, is reported beside it). The timing
+  wrappers' own cost lands in that run's host time: calls per token x their cost per call, both printed.
 
 The engine runs once per native ISA this CPU runs (``--isas``, default: all but scalar; ENGINE_CPU_ISA forces each)
 and per ``--activation-quant`` choice (default: none and q8), each configuration with its own ratios to llama.cpp.
@@ -110,12 +111,12 @@ def _host_share(eng, prompt: list[int], n: int, params_cls) -> dict:
     used before, sees no call a ``functools.partial`` makes from C)."""
     from engine.platforms.cpu import _native
 
-    spent = [0.0]
+    spent = [0.0, 0]  # seconds inside the timed kernels, timed calls
 
     def decode() -> float:
         eng.add_request(list(prompt), params_cls(temperature=0.0, max_tokens=n, ignore_eos=True))
         eng.step()  # the prefill and first token, not counted
-        spent[0] = 0.0
+        spent[0], spent[1] = 0.0, 0
         t = time.perf_counter()
         while eng.has_unfinished():
             eng.step()
@@ -131,7 +132,23 @@ def _host_share(eng, prompt: list[int], n: int, params_cls) -> dict:
                 return fn(*args)
             finally:
                 spent[0] += clock() - t
+                spent[1] += 1
         return call
+
+    def wrapper_cost() -> float:
+        """Seconds one timed call adds to a step beyond the untimed call (best of 5 x 20000 calls of a native
+        function that does no work): time the timing itself makes, which the host share above counts as host."""
+        bare, wrapped = _native.num_threads, timed(_native.num_threads)
+        best = float("inf")
+        for _ in range(5):
+            t = clock()
+            for _ in range(20000):
+                wrapped()
+            t1 = clock()
+            for _ in range(20000):
+                bare()
+            best = min(best, ((t1 - t) - (clock() - t1)) / 20000)
+        return best
 
     originals = {k: getattr(_native, k) for k in dir(_native) if not k.startswith("_")
                  and callable(getattr(_native, k))}
@@ -151,8 +168,10 @@ def _host_share(eng, prompt: list[int], n: int, params_cls) -> dict:
         if graphs is not None and graphs.lazy:
             graphs.forget()
     kernel_ms = 1000 * spent[0] / (n - 1)
+    # The timed run's host time includes the timing wrappers' own cost: calls per token x wrapper_us, reported.
     return {"wall_ms_per_token": wall_ms, "timed_wall_ms_per_token": timed_wall, "kernel_ms_per_token": kernel_ms,
-            "host_ms_per_token": timed_wall - kernel_ms, "host_share": (timed_wall - kernel_ms) / timed_wall}
+            "host_ms_per_token": timed_wall - kernel_ms, "host_share": (timed_wall - kernel_ms) / timed_wall,
+            "kernel_calls_per_token": spent[1] / (n - 1), "wrapper_us_per_call": 1e6 * wrapper_cost()}
 
 
 def decode_bytes_per_token(path: str) -> int:
@@ -518,6 +537,9 @@ def table(res: dict, a) -> str:
         ("(f) engine native kernels, ms per decode token", lambda r: get(r, "host", "kernel_ms_per_token"), None),
         ("(f) engine host (outside the kernels), ms per decode token", lambda r: get(r, "host", "host_ms_per_token"),
          None),
+        ("(f) native kernel calls per decode token x the timing wrapper's own cost per call (us), in the host time",
+         lambda r: None if get(r, "host", "wrapper_us_per_call") is None
+         else f"{r['host']['kernel_calls_per_token']:.0f} x {r['host']['wrapper_us_per_call']:.2f}", None),
     ]
     if a.startup_only:
         rows = [r for r in rows if r[0].startswith("(e)")]

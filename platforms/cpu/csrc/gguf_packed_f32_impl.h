@@ -118,6 +118,8 @@ ENGINE_VEC_FN void f32_tile_t(const uint8_t* g, const PackedF32X& x, int64_t x0,
     const uint16_t* s = reinterpret_cast<const uint16_t*>(g + 2 * QB) + W * HH * h;  // its scales
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2, p += PB, s += PB / 2) {
+      #pragma GCC unroll 16
+      for (int o = 0; o < PB; o += 64) __builtin_prefetch(p + kPackedPrefetchBytes + o);
       f32_block<V, kQ, MT, HH>(acc, p, s, s + 2 * kPackRows, xr + 32 * MT * b, xsum + MT * b, table);
       f32_block<V, kQ, MT, HH>(acc, p + QB, s + kPackRows, s + 3 * kPackRows, xr + 32 * MT * (b + 1),
                            xsum + MT * (b + 1), table);

@@ -97,6 +97,8 @@ ENGINE_VEC_FN void packed_tile_t(const uint8_t* g, const PackedX& x, int64_t x0,
     const uint16_t* s = reinterpret_cast<const uint16_t*>(g + 2 * QB) + W * h;  // its scales
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2, p += PB, s += PB / 2) {
+      #pragma GCC unroll 16
+      for (int o = 0; o < PB; o += 64) __builtin_prefetch(p + kPackedPrefetchBytes + o);
       packed_block<V, kQ, MT>(acc, p, s, s + 2 * kPackRows, b, xq, k, xd, xs, xi, nb);
       packed_block<V, kQ, MT>(acc, p + QB, s + kPackRows, s + 3 * kPackRows, b + 1, xq, k, xd, xs, xi, nb);
     }

@@ -71,10 +71,38 @@ def _dequant_matmul(x, raw, qtype, cols):
     return torch.nn.functional.linear(x, _dequant(raw, qtype, cols, x.dtype))
 
 
-# Above this many rows of x (prefill), dequantizing the whole weight and calling torch's GEMM wins:
-# measured on the SmolLM2 Q4_1 shapes, the fused kernel is 1.3-2.7x faster up to M = 64 and
+# Above this many rows of x (prefill), dequantizing the whole weight and calling torch's GEMM wins on the Intel
+# Xeon of sessions 5-6: measured on the SmolLM2 Q4_1 shapes, the fused kernel is 1.3-2.7x faster up to M = 64 and
 # 1.2-3x slower from M = 96 to 512 (its 4-row panels re-read x from L2 for every 4 weight rows).
 FUSED_MAX_M = 64
+
+
+def _cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id ('AuthenticAMD', 'GenuineIntel', ...); '' where there is none to read."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+# On AMD with AVX-512 the crossover is elsewhere: on the 2-core Zen 5 host (2026-12-01) torch's fp32 GEMM runs at
+# ~180 GFLOP/s, and the raw-row fused kernel (x in 126-row chunks, csrc/gguf_linear.cpp) beat dequantize + GEMM
+# 1.6-1.9x at every M from 65 to 2048 on the SmolLM2 layer shapes (~400 GFLOP/s). Its AVX2 variant, forced on the
+# same CPU, lost to the fallback there (0.72-0.88x), so the rule is per ISA, read at each prefill-sized call (the
+# ISA can change at run time). Elsewhere (Intel: the Xeon's measurement above; other vendors and ISAs: not
+# measured) the fallback starts above FUSED_MAX_M.
+FUSED_RAW_MAX_M = 2048 if _cpu_vendor() == "AuthenticAMD" else FUSED_MAX_M
+
+
+def fused_raw_max_m() -> int:
+    """Rows of x up to which the fp32 op runs the raw-row fused kernel now (above: dequantize + torch matmul)."""
+    return FUSED_RAW_MAX_M if _native.isa() == "avx512" else FUSED_MAX_M
+
+
 # The same for the Q8-activation op, whose fallback rounds x to Q8 blocks with torch first (same codes, so the
 # same result up to the order of the sums).
 Q8ACT_MAX_M = 64
@@ -140,13 +168,15 @@ def _packed_weight(raw: torch.Tensor, qtype: int, cols: int):
     return packed
 
 
-def _packed_linear(raw_kernel: str, packed_kernel: str | None, packed_max_m: int, raw_max_m: int, fallback):
+def _packed_linear(raw_kernel: str, packed_kernel: str | None, packed_max_m: int, raw_max_m, fallback):
     """A wrapper calling ``_native.<packed_kernel>`` on the packed copy of the weight for up to ``packed_max_m`` rows
-    of x; where the ISA has no packed kernel (or ``packed_kernel`` is None), ``_native.<raw_kernel>`` (a GGUF linear:
-    csrc/gguf_linear.h or gguf_q8act.h) on the raw rows for up to ``raw_max_m``; else ``fallback``. The native packed
+    of x; above, and where the ISA has no packed kernel (or ``packed_kernel`` is None), ``_native.<raw_kernel>`` (a
+    GGUF linear: csrc/gguf_linear.h or gguf_q8act.h) on the raw rows for up to ``raw_max_m`` (an int, or a function
+    giving it, called only then); else ``fallback``. The native packed
     call itself falls back to the raw rows when the ISA changed since packing to one without a packed kernel.
     Lean on purpose: a decode step makes ~120 of these calls, and each microsecond here is ~0.1 ms a token. Kernels
     are looked up on the module at each call, so a CPU graph capture (platforms/cpu/graph.py) sees the call."""
+    raw_limit = raw_max_m if callable(raw_max_m) else lambda: raw_max_m
 
     def linear(x, raw, qtype, cols):
         if x.dtype == FP16:
@@ -155,12 +185,12 @@ def _packed_linear(raw_kernel: str, packed_kernel: str | None, packed_max_m: int
             x2, m, xs = x, x.numel() // cols, cols
         else:
             x2, m, xs = rows_of(x)
-        if m > max(packed_max_m, raw_max_m):
+        if m > packed_max_m and m > raw_limit():
             return fallback(x, raw, qtype, cols)
         if raw.stride(1) != 1:  # not in the dispatch cache key: copy rather than misread
             raw = raw.contiguous()
         packed = _packed_weight(raw, qtype, cols) if packed_kernel is not None and m <= packed_max_m else None
-        if packed is None and m > raw_max_m:
+        if packed is None and m > raw_limit():
             return fallback(x, raw, qtype, cols)
         n = raw.shape[0]
         y = torch.empty(m, n, dtype=x.dtype)
@@ -188,9 +218,10 @@ _fused_linear = _packed_linear("gguf_linear", None, FUSED_MAX_M, FUSED_MAX_M, _d
 
 
 # gguf_linear through the packed copy (csrc/gguf_packed_f32_impl.h: fp32 x, never quantized; the same copy and cache
-# as gguf_linear_q8act's) for M <= FUSED_MAX_M; the raw-row fused kernel where the ISA has no packed kernel;
-# dequantize + torch matmul above FUSED_MAX_M.
-_packed_fused_linear = _packed_linear("gguf_linear", "gguf_linear_packed", FUSED_MAX_M, FUSED_MAX_M, _dequant_matmul)
+# as gguf_linear_q8act's) for M <= FUSED_MAX_M; above, and where the ISA has no packed kernel, the raw-row fused
+# kernel up to fused_raw_max_m(); dequantize + torch matmul above that.
+_packed_fused_linear = _packed_linear("gguf_linear", "gguf_linear_packed", FUSED_MAX_M, fused_raw_max_m,
+                                      _dequant_matmul)
 
 
 def register(registry) -> None:
@@ -199,7 +230,8 @@ def register(registry) -> None:
     packed_f32 = _native.gguf_packed_f32_variant()
     registry.register(gguf_linear, _packed_fused_linear, name="fused", supports=_supports_linear,
                       priority=PRIORITY + 1,
-                      note=f"native fused decode + fp32 FMA (M <= {FUSED_MAX_M}; larger M: dequant_matmul); "
+                      note=f"native fused decode + fp32 FMA (M <= {FUSED_MAX_M}, and on AMD with AVX-512 M <= "
+                      f"{FUSED_RAW_MAX_M}; larger M: dequant_matmul); "
                       + (f"row-interleaved weight copy, {packed_f32} at registration" if packed_f32 else isa_note()))
     packed = _native.gguf_packed_variant()
     registry.register(gguf_linear_q8act, _q8act_packed_linear, name="native", supports=_supports_linear,

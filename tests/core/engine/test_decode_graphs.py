@@ -111,8 +111,8 @@ def test_cpu_graphs_are_captured_lazily_and_replay_the_eager_tokens(model_dir):
     llm = LLM(model_dir, kv_cache_bytes=32 << 20, platform="cpu")
     graphs = llm.runner.graphs
     assert graphs is not None and graphs.lazy and not graphs.graphs  # nothing captured at start-up
-    assert graphs.buckets == [1, 2, 4, 8]  # CpuPlatform.graph_max_batch
-    assert graphs.bucket_for(9) is None
+    assert graphs.buckets == [1, 2, 4, 8, 16, 24, 32]  # CpuPlatform.graph_max_batch
+    assert graphs.bucket_for(33) is None
     calls = []
     forward = graphs._forward
     graphs._forward = lambda b: calls.append(b) or forward(b)
@@ -121,6 +121,17 @@ def test_cpu_graphs_are_captured_lazily_and_replay_the_eager_tokens(model_dir):
     assert calls == [4, 4]  # the later 9 decode steps replayed without running the model's Python
     assert _long_run(llm, PROMPTS[:1]) == eager[:1]
     assert sorted(graphs.graphs) == [1, 4]
+
+
+def test_cpu_graphs_replay_batches_above_8_as_eager(model_dir):
+    # 12 and 30 sequences ride buckets 16 and 32 (captured since the 32-request benchmark's decode steps spent ~10%
+    # of their time in the model's Python): the same tokens as eager.
+    prompts = [[(7 * i + j) % 500 + 1 for j in range(3 + i % 5)] for i in range(30)]
+    eager = _long_run(LLM(model_dir, kv_cache_bytes=32 << 20, platform="cpu", enforce_eager=True), prompts, n=6)
+    llm = LLM(model_dir, kv_cache_bytes=32 << 20, platform="cpu")
+    assert _long_run(llm, prompts[:12], n=6) == eager[:12]
+    assert _long_run(llm, prompts, n=6) == eager
+    assert sorted(llm.runner.graphs.graphs) == [16, 32]
 
 
 def test_a_failed_lazy_capture_falls_back_to_eager_and_says_why(caplog, model_dir):

@@ -7,7 +7,8 @@ import torch
 
 from engine.core.ops.gguf_quant import GGUF_QTYPES, Q4_0, Q4_1, Q8_0, gguf_dequantize, gguf_linear, random_gguf_weight
 from engine.platforms.cpu import _native
-from engine.platforms.cpu.kernels.gguf import FUSED_MAX_M
+from engine.platforms.cpu.kernels import gguf as gguf_kernels
+from engine.platforms.cpu.kernels.gguf import FUSED_MAX_M, FUSED_RAW_MAX_M
 
 QTYPES = (Q4_0, Q4_1, Q8_0)
 DTYPES = (torch.float32, torch.bfloat16)
@@ -80,7 +81,44 @@ def test_empty_and_prefill_sizes(registry, gen):
     raw = weight(6, k, Q8_0, gen)
     assert impl.fn(torch.randn(0, k), raw, Q8_0, k).shape == (0, 6)
     assert impl.fn(torch.randn(3, k), raw[:0], Q8_0, k).shape == (3, 0)
-    check(impl, torch.randn(FUSED_MAX_M + 1, k, generator=gen), raw, Q8_0, k)  # dequantize + torch matmul
+    check(impl, torch.randn(FUSED_MAX_M + 1, k, generator=gen), raw, Q8_0, k)  # raw-row kernel or torch matmul
+    check(impl, torch.randn(FUSED_RAW_MAX_M + 1, k, generator=gen), raw, Q8_0, k)  # dequantize + torch matmul
+
+
+def test_prefill_rows_follow_the_vendor_rule(isa, registry, gen, monkeypatch):
+    # The raw-row kernel takes prefill-sized M only where it was measured to beat torch's GEMM (AMD with AVX-512);
+    # the rule is read at each call, so it follows the ISA in use. Which kernel ran is seen on the module, where the
+    # wrapper looks it up (the kernels run for real).
+    amd512 = gguf_kernels._cpu_vendor() == "AuthenticAMD" and isa == "avx512"
+    assert gguf_kernels.fused_raw_max_m() == (FUSED_RAW_MAX_M if amd512 else FUSED_MAX_M)
+    assert FUSED_RAW_MAX_M == (2048 if gguf_kernels._cpu_vendor() == "AuthenticAMD" else FUSED_MAX_M)
+    raw_calls = []
+    real = _native.gguf_linear
+    monkeypatch.setattr(_native, "gguf_linear", lambda *a: raw_calls.append(a[3]) or real(*a))
+    impl, k = fused(registry), 64
+    raw = weight(6, k, Q4_1, gen)
+    check(impl, torch.randn(FUSED_MAX_M + 1, k, generator=gen), raw, Q4_1, k)
+    assert raw_calls == ([FUSED_MAX_M + 1] if amd512 else [])
+
+
+@pytest.mark.parametrize("m", [126, 127, 300])
+@pytest.mark.parametrize("qtype", QTYPES, ids=["q4_0", "q4_1", "q8_0"])
+def test_raw_row_kernel_prefill_sizes(qtype, m, isa, threads, gen):
+    # The raw-row kernel goes through x 126 rows at a time (csrc/gguf_linear.cpp kRowChunk): the rows of a chunk's
+    # edge and of the last, partial one against the reference, called as the wrapper calls it (fp32 and bf16 x,
+    # rows further apart than k, y rows further apart than n).
+    for k, n in ((64, 7), (576, 37), (1536, 13)):
+        raw = weight(n, k, qtype, gen)
+        for dtype in DTYPES:
+            x = torch.randn(m, k + 5, generator=gen).to(dtype)[:, :k]
+            y = torch.full((m, n + 3), float("nan"), dtype=dtype)
+            _native.gguf_linear(qtype, x.data_ptr(), x.stride(0), m, k, raw.data_ptr(), raw.stride(0), n,
+                                y.data_ptr(), y.stride(0), _native.DTYPE_F32 if dtype == torch.float32
+                                else _native.DTYPE_BF16)
+            want = gguf_linear.reference(x, raw, qtype, k)
+            tol = gguf_linear.tolerances[dtype]
+            torch.testing.assert_close(y[:, :n], want, atol=tol.atol, rtol=tol.rtol)
+            assert y[:, n:].isnan().all()  # nothing written past n
 
 
 def test_refusals_fall_back_to_reference(registry, gen):
