@@ -19,14 +19,16 @@ Measures, each system in its own subprocess (so one's threads never compete with
   allocation, scheduler, sampler, torch ops such as the sampler's argmax): 1 - (native kernel time per token, every
   pybind kernel call timed by a perf_counter pair, over one request's decode steps) / (the ms/token of that same
   timed run; the untimed ms/token of the same request, run just before, is reported beside it). The timing
-  wrappers' own cost lands in that run's host time: calls per token x their cost per call, both printed.
+  wrappers' own cost lands in that run's host time: calls per token x their cost per call, both printed. A second
+  row measures it with nothing added to the step: 1 - (the single-stream step's recorded kernel calls replayed back to
+  back, no engine step around them) / (the untimed ms/token).
 
 The engine runs once per native ISA this CPU runs (``--isas``, default: all but scalar; ENGINE_CPU_ISA forces each)
 and per ``--activation-quant`` choice (default: none and q8), each configuration with its own ratios to llama.cpp.
 
 How each system runs them:
 
-- engine: ``LLM`` (fp32 activations, GGUF kernels, prefix caching off so repeats recompute, decode steps of up to 8
+- engine: ``LLM`` (fp32 activations, GGUF kernels, prefix caching off so repeats recompute, decode steps of up to 32
   sequences replaying recorded kernel calls: the CPU decode graphs; ``--eager`` adds runs without them); (a) and (b)
   step the engine and time each token's arrival; (c) is one ``LLM.generate`` of the 32 prompts with
   ``SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)``. Threads: ENGINE_NUM_THREADS and
@@ -124,6 +126,7 @@ def _host_share(eng, prompt: list[int], n: int, params_cls) -> dict:
 
     wall_ms = min(decode(), decode())
     clock = time.perf_counter
+    replay_ms = _replay_ms(eng, clock)
 
     def timed(fn):
         def call(*args):
@@ -171,7 +174,31 @@ def _host_share(eng, prompt: list[int], n: int, params_cls) -> dict:
     # The timed run's host time includes the timing wrappers' own cost: calls per token x wrapper_us, reported.
     return {"wall_ms_per_token": wall_ms, "timed_wall_ms_per_token": timed_wall, "kernel_ms_per_token": kernel_ms,
             "host_ms_per_token": timed_wall - kernel_ms, "host_share": (timed_wall - kernel_ms) / timed_wall,
-            "kernel_calls_per_token": spent[1] / (n - 1), "wrapper_us_per_call": 1e6 * wrapper_cost()}
+            "kernel_calls_per_token": spent[1] / (n - 1), "wrapper_us_per_call": 1e6 * wrapper_cost(),
+            "replay_ms_per_token": replay_ms,
+            "untimed_host_share": None if replay_ms is None else 1 - replay_ms / wall_ms}
+
+
+def _replay_ms(eng, clock) -> float | None:
+    """ms of one single-stream decode step's recorded native calls replayed back to back, with no engine step around
+    them (best of 5 x 50 replays of the 1-sequence CPU graph, at the context the last decode left in its inputs):
+    the kernels' time without any timing wrapper. 1 - this / the untimed ms per token is the host share measured with
+    nothing added to the step. None without CPU decode graphs."""
+    import torch
+
+    graphs = eng.runner.graphs
+    hit = None if graphs is None else graphs.graphs.get(1)
+    if hit is None:
+        return None
+    replay = hit[0]
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(5):
+            t = clock()
+            for _ in range(50):
+                replay()
+            best = min(best, (clock() - t) / 50)
+    return 1000 * best
 
 
 def decode_bytes_per_token(path: str) -> int:
@@ -534,6 +561,9 @@ def table(res: dict, a) -> str:
          else 100 * r["single"]["decode_tok_per_s"] / res["bound_tok_per_s"], None),
         ("(f) engine host overhead: % of a decode step outside native kernels",
          lambda r: None if get(r, "host", "host_share") is None else 100 * r["host"]["host_share"], None),
+        ("(f) same, untimed: 1 - (the step's recorded kernel calls replayed back to back) / (untimed ms per token)",
+         lambda r: None if get(r, "host", "untimed_host_share") is None else 100 * r["host"]["untimed_host_share"],
+         None),
         ("(f) engine native kernels, ms per decode token", lambda r: get(r, "host", "kernel_ms_per_token"), None),
         ("(f) engine host (outside the kernels), ms per decode token", lambda r: get(r, "host", "host_ms_per_token"),
          None),
