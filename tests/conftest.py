@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -9,6 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+
+# Without a GPU the Triton kernels run under the interpreter, which must be on before Triton is first imported and any
+# kernel is defined: a kernel module imported while it is off keeps compiled-mode helpers that the interpreter cannot
+# call. Set here, before any test module is collected (the cuda plugin's tests import Triton at collection).
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 # The CI matrix: markers per platform / cross target / ISA path, and the per-cell report at the end of a run.
 from tests.ci_matrix import (  # noqa: F401

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # also set by tests/conftest.py, before any test module is collected
     os.environ["TRITON_INTERPRET"] = "1"
 
 triton = pytest.importorskip("triton", reason="the Triton kernel tests need triton (pip install -e '.[test]')")
