@@ -207,23 +207,18 @@ def main() -> None:
 
     packs: dict = {}  # id(raw) -> the packed copy
 
-    def packed_call(x, raw, qtype, k):
-        n = raw.shape[0]
-        y = outs.get((x.shape[0], n))
-        if y is None:
-            y = outs[x.shape[0], n] = torch.empty(x.shape[0], n)
-        _native.gguf_linear_q8act_packed(qtype, x.data_ptr(), k, x.shape[0], k, raw.data_ptr(), raw.stride(0), n,
-                                         y.data_ptr(), n, 0, packs[id(raw)].data_ptr())
-        return y
+    def packed(fn):
+        def call(x, raw, qtype, k):
+            n = raw.shape[0]
+            y = outs.get((x.shape[0], n))
+            if y is None:
+                y = outs[x.shape[0], n] = torch.empty(x.shape[0], n)
+            fn(qtype, x.data_ptr(), k, x.shape[0], k, raw.data_ptr(), raw.stride(0), n, y.data_ptr(), n, 0,
+               packs[id(raw)].data_ptr())
+            return y
+        return call
 
-    def pf32_call(x, raw, qtype, k):
-        n = raw.shape[0]
-        y = outs.get((x.shape[0], n))
-        if y is None:
-            y = outs[x.shape[0], n] = torch.empty(x.shape[0], n)
-        _native.gguf_linear_packed(qtype, x.data_ptr(), k, x.shape[0], k, raw.data_ptr(), raw.stride(0), n,
-                                   y.data_ptr(), n, 0, packs[id(raw)].data_ptr())
-        return y
+    packed_call, pf32_call = packed(_native.gguf_linear_q8act_packed), packed(_native.gguf_linear_packed)
 
     kernels = {"fused": native(_native.gguf_linear), "q8act": native(_native.gguf_linear_q8act),
                "packed": packed_call, "pf32": pf32_call}

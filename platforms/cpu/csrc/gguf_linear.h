@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "convert.h"
 #include "isa.h"
@@ -54,6 +55,16 @@ inline void store_y_tile(const GgufLinearArgs& a, const float* tile, int64_t til
       for (int j = 0; j < cols; ++j) dst[j] = f32_to_bf16(src[j]);
     }
   }
+}
+
+// Row i of x as fp32: x's own memory, or (bf16 x) `row`, widened exactly (so bf16 x gets the same math and codes
+// as its fp32 values).
+inline const float* x_row_f32(const GgufLinearArgs& a, int64_t i, std::vector<float>& row) {
+  if (a.dtype != DType::BF16) return static_cast<const float*>(a.x) + i * a.x_stride;
+  row.resize(static_cast<size_t>(a.k));
+  const uint16_t* src = static_cast<const uint16_t*>(a.x) + i * a.x_stride;
+  for (int64_t c = 0; c < a.k; ++c) row[c] = bf16_to_f32(src[c]);
+  return row.data();
 }
 
 // Panel geometry shared by the ISA variants.

@@ -74,13 +74,7 @@ void gguf_linear_q8act(const GgufLinearArgs& a) {
   parallel_for(m, std::max<int64_t>(1, 8192 / k), [&](int64_t r0, int64_t r1) {
     std::vector<float> row;
     for (int64_t i = r0; i < r1; ++i) {
-      const float* xr = static_cast<const float*>(a.x) + i * a.x_stride;
-      if (a.dtype == DType::BF16) {  // widened exactly: the codes are those of the fp32 values
-        row.resize(static_cast<size_t>(k));
-        const uint16_t* src = static_cast<const uint16_t*>(a.x) + i * a.x_stride;
-        for (int64_t c = 0; c < k; ++c) row[c] = bf16_to_f32(src[c]);
-        xr = row.data();
-      }
+      const float* xr = x_row_f32(a, i, row);
       const int64_t ds = i * nb * kern.lanes;
       kern.quantize(xr, k, qp + i * k, dp + ds, sp + ds);
     }
