@@ -41,19 +41,29 @@ def layout_unpack(packed, qtype, n, k):
     return blocks[:, :, :nb].reshape(-1, nb * GGUF_QTYPES[qtype][1])[:n]
 
 
-def packed_linear(x, raw, qtype, k, packed):
+def call_packed(kernel: str, x, raw, qtype, k, packed):
+    """y = x @ w^T through the native packed kernel ``_native.<kernel>`` on the packed copy ``packed``."""
     m, n = x.shape[0], raw.shape[0]
     y = torch.empty(m, n, dtype=x.dtype)
-    _native.gguf_linear_q8act_packed(qtype, x.data_ptr(), x.stride(0), m, k, raw.data_ptr(), raw.stride(0), n,
-                                     y.data_ptr(), n, gguf_kernels.DTYPE_CODE[x.dtype], packed.data_ptr())
+    getattr(_native, kernel)(qtype, x.data_ptr(), x.stride(0), m, k, raw.data_ptr(), raw.stride(0), n,
+                             y.data_ptr(), n, gguf_kernels.DTYPE_CODE[x.dtype], packed.data_ptr())
     return y
 
 
-def check(got, x, raw, qtype, k):
-    want = gguf_linear_q8act.reference(x, raw, qtype, k)
+def check_op(op, got, x, raw, qtype, k):
+    """``got`` equals ``op``'s reference within its tolerance for x's dtype."""
+    want = op.reference(x, raw, qtype, k)
     assert got.shape == want.shape and got.dtype == want.dtype
-    tol = gguf_linear_q8act.tolerances[x.dtype]
+    tol = op.tolerances[x.dtype]
     torch.testing.assert_close(got, want, atol=tol.atol, rtol=tol.rtol)
+
+
+def packed_linear(x, raw, qtype, k, packed):
+    return call_packed("gguf_linear_q8act_packed", x, raw, qtype, k, packed)
+
+
+def check(got, x, raw, qtype, k):
+    check_op(gguf_linear_q8act, got, x, raw, qtype, k)
 
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=IDS)

@@ -13,22 +13,15 @@ from engine.platforms.cpu import _native
 from engine.platforms.cpu.graph import capture
 from engine.platforms.cpu.kernels import gguf as gguf_kernels
 
-from .test_gguf_packed import IDS, QTYPES, SHAPES, pack
+from .test_gguf_packed import IDS, QTYPES, SHAPES, call_packed, check_op, pack
 
 
 def packed_linear(x, raw, qtype, k, packed):
-    m, n = x.shape[0], raw.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype)
-    _native.gguf_linear_packed(qtype, x.data_ptr(), x.stride(0), m, k, raw.data_ptr(), raw.stride(0), n,
-                               y.data_ptr(), n, gguf_kernels.DTYPE_CODE[x.dtype], packed.data_ptr())
-    return y
+    return call_packed("gguf_linear_packed", x, raw, qtype, k, packed)
 
 
 def check(got, x, raw, qtype, k):
-    want = gguf_linear.reference(x, raw, qtype, k)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    tol = gguf_linear.tolerances[x.dtype]
-    torch.testing.assert_close(got, want, atol=tol.atol, rtol=tol.rtol)
+    check_op(gguf_linear, got, x, raw, qtype, k)
 
 
 def fused(registry):
