@@ -195,30 +195,21 @@ def main() -> None:
     q8act = next(i.fn for i in reg.implementations(gguf_linear_q8act) if i.name == "native")
     outs: dict = {}
 
-    def native(fn):
-        def call(x, raw, qtype, k):
-            n = raw.shape[0]
-            y = outs.get((x.shape[0], n))
-            if y is None:
-                y = outs[x.shape[0], n] = torch.empty(x.shape[0], n)
-            fn(qtype, x.data_ptr(), k, x.shape[0], k, raw.data_ptr(), raw.stride(0), n, y.data_ptr(), n, 0)
-            return y
-        return call
-
     packs: dict = {}  # id(raw) -> the packed copy
 
-    def packed(fn):
+    def native(fn, packed=False):
         def call(x, raw, qtype, k):
             n = raw.shape[0]
             y = outs.get((x.shape[0], n))
             if y is None:
                 y = outs[x.shape[0], n] = torch.empty(x.shape[0], n)
             fn(qtype, x.data_ptr(), k, x.shape[0], k, raw.data_ptr(), raw.stride(0), n, y.data_ptr(), n, 0,
-               packs[id(raw)].data_ptr())
+               *((packs[id(raw)].data_ptr(),) if packed else ()))
             return y
         return call
 
-    packed_call, pf32_call = packed(_native.gguf_linear_q8act_packed), packed(_native.gguf_linear_packed)
+    packed_call = native(_native.gguf_linear_q8act_packed, packed=True)
+    pf32_call = native(_native.gguf_linear_packed, packed=True)
 
     kernels = {"fused": native(_native.gguf_linear), "q8act": native(_native.gguf_linear_q8act),
                "packed": packed_call, "pf32": pf32_call}

@@ -15,6 +15,8 @@ from engine.platforms.cpu import _native
 from engine.platforms.cpu.graph import capture
 from engine.platforms.cpu.kernels import gguf as gguf_kernels
 
+from .test_gguf_q8act import cpu_flags
+
 QTYPES = (Q4_0, Q4_1, Q8_0)
 IDS = ["q4_0", "q4_1", "q8_0"]
 GROUP = 16
@@ -127,12 +129,7 @@ def test_extreme_blocks(qtype, isa, gen):
 
 
 def test_gate_follows_isa(isa):
-    flags = set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+    flags = cpu_flags()
     # x86 and the portable ISA have packed kernels (AVX-512 without VNNI: the AVX2 one); NEON, VSX, RVV do not.
     want = {"avx512": "avx512_vnni" if "avx512_vnni" in flags else "avx2", "avx2": "avx2", "scalar": "scalar"}
     assert _native.gguf_packed_variant() == want.get(isa, "")
