@@ -15,11 +15,13 @@ idle while it scales (BENCHMARKS.md, FP8 paragraphs). Here the roles are separat
   count 2: both halves read the w tile), and adds the product times ``x_scale[row] * w_scale`` to its fp32
   accumulator. The two warpgroups drift apart, so one's wait and scaling overlap the other's wgmma.
 
-Measured (H200, Triton 3.6, 2026-12-01, benchmarks/gpu/fp8_gluon.py): 0.70x ``_scaled_mm`` per-tensor at 4096^3
-and 0.73-0.75x at 8192^3 (the Triton GEMM: 0.69x / 0.66-0.67x): short of the 0.8x goal. Each 128-deep step takes
-about 0.55 us per tile, twice its wgmma time; what did not help: 4 or 6 stages, GROUP_M 16, one program per tile
-(8% slower), scales loaded a step ahead (15% slower: the loop-carried copy waits for the load), and two steps' wgmmas
-in flight per warpgroup (no better). A lead, not measured: each warpgroup's m64n128 wgmma reads the whole w tile
+Measured (H200, Triton 3.6, 2026-12-01, benchmarks/gpu/fp8_gluon.py): 0.69-0.72x ``_scaled_mm`` per-tensor at
+4096^3 and 0.74-0.76x at 8192^3 (the Triton GEMM: 0.69-0.70x / 0.67-0.69x): short of the 0.8x goal. Nsight Compute
+at 8192^3 (before the scales moved behind the wgmma): tensor pipe 61.5% of peak, 12 warps an SM (registers and
+shared memory allow one CTA), the consumers' samples mostly in the wgmma wait, then the scale loads. What did not
+help: 4 or 6 stages, GROUP_M 16, one program per tile (8% slower), scales loaded a step ahead through loop-carried
+registers (5-15% slower), and two steps' wgmmas in flight per warpgroup (no better).
+A lead, not measured: each warpgroup's m64n128 wgmma reads the whole w tile
 from shared memory, so shared-memory traffic per FLOP is about 1.25x that of 128x256 tiles; a 64x256 half-tile
 needs 256 registers per thread for its fp32 accumulator and scratch product (ptxas gave this kernel 168).
 
@@ -138,13 +140,14 @@ def _consumer(x_desc, w_desc, a_bufs, b_bufs, ready, empty, out_ptr, xs_ptr, ws_
         acc = gl.zeros([H, TN], gl.float32, acc_layout)
         for kk in range(nk):
             s = it % STAGES
-            # the scales' loads fly while the stage arrives (measured: loading them a step ahead instead, through
-            # loop-carried registers, was slower on the H200: 169.6 us against 144.6 at 4096^3)
-            sx = gl.load(xs_row + kk * s_xsk, mask=rmask, other=0.0)
-            sw = gl.load(ws_col + kk * s_wsk)
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             part = warpgroup_mma(a_bufs.index(2 * s + half), b_bufs.index(s).permute((1, 0)), zero,
                                  use_acc=False, is_async=True)
+            # the scales load behind the wgmma's issue. Loaded before the stage wait (as first written), ptxas
+            # hoisted their product sx * sw above the wgmma, so the tensor cores waited for two global loads each
+            # step (ncu: the top stall of the consumers after the wgmma wait itself); 0.69x -> 0.74-0.75x at 8192^3.
+            sx = gl.load(xs_row + kk * s_xsk, mask=rmask, other=0.0)
+            sw = gl.load(ws_col + kk * s_wsk)
             part = warpgroup_mma_wait(0, deps=[part])
             mbarrier.arrive(empty.index(s), count=1)
             acc = part * (sx * sw)[:, None] + acc

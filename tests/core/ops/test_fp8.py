@@ -48,6 +48,17 @@ def test_fp8_linear_matches_block_loop(case, dtype, gen):
     torch.testing.assert_close(got.double(), want, **tol)
 
 
+def _cpu_scaled_mm(*args, **kwargs):
+    """torch's CPU ``_scaled_mm`` as the peer; older torch (2.11, the GPU image's) takes per-tensor scales only and
+    says so with an internal assert: that is a missing peer, so the comparison is skipped with torch's words."""
+    try:
+        return torch._scaled_mm(*args, **kwargs)
+    except RuntimeError as exc:
+        if "only supports per-tensor scaling" in str(exc):
+            pytest.skip(f"torch {torch.__version__}'s CPU _scaled_mm lacks this scaling: {str(exc)[:160]}")
+        raise
+
+
 @pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
 @pytest.mark.parametrize("out_dtype", DTYPES, ids=str)
 def test_per_tensor_matches_scaled_mm(fp8_dtype, out_dtype, gen):
@@ -58,9 +69,9 @@ def test_per_tensor_matches_scaled_mm(fp8_dtype, out_dtype, gen):
     bias = torch.randn(40, generator=gen).to(out_dtype)
     got = fp8.fp8_linear.reference(x_q, xs, w_q, ws, bias, out_dtype)
     if fp8_dtype == torch.float8_e4m3fn:
-        want = torch._scaled_mm(x_q, w_q.t(), scale_a=xs, scale_b=ws, bias=bias, out_dtype=out_dtype)
+        want = _cpu_scaled_mm(x_q, w_q.t(), scale_a=xs, scale_b=ws, bias=bias, out_dtype=out_dtype)
     else:  # torch 2.13's CPU _scaled_mm rejects e4m3fnuz with tensor-wise scales; row-wise scales work
-        want = torch._scaled_mm(x_q, w_q.t(), scale_a=xs.expand(7, 1).contiguous(),
+        want = _cpu_scaled_mm(x_q, w_q.t(), scale_a=xs.expand(7, 1).contiguous(),
                                 scale_b=ws.expand(1, 40).contiguous(), out_dtype=torch.float32)
         want = (want + bias.float()).to(out_dtype)
     tol = dict(atol=1e-5, rtol=1e-5) if out_dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
@@ -72,7 +83,7 @@ def test_per_token_channel_matches_rowwise_scaled_mm(fp8_dtype, gen):
     x_q, xs = fp8.quantize_fp8(torch.randn(6, 64, generator=gen).bfloat16(), "token", fp8_dtype)
     w_q, ws = fp8.quantize_fp8(torch.randn(24, 64, generator=gen).bfloat16(), "channel", fp8_dtype)
     got = fp8.fp8_linear.reference(x_q, xs, w_q, ws, None, torch.float32)
-    want = torch._scaled_mm(x_q, w_q.t(), scale_a=xs, scale_b=ws.t().contiguous(), out_dtype=torch.float32)
+    want = _cpu_scaled_mm(x_q, w_q.t(), scale_a=xs, scale_b=ws.t().contiguous(), out_dtype=torch.float32)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
