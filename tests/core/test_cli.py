@@ -58,6 +58,7 @@ def _wait_for_model_mapping(p: subprocess.Popen) -> None:
     raise AssertionError("the model file was never mapped")
 
 
+@pytest.mark.usefixtures("default_model")
 @pytest.mark.parametrize("after_output", [False, True], ids=["during-load", "during-generation"])
 def test_ctrl_c_exits_130_without_a_traceback(after_output):
     rc, err, out = _interrupt(after_output)
@@ -66,6 +67,7 @@ def test_ctrl_c_exits_130_without_a_traceback(after_output):
     assert bool(out) == after_output, out[:200]
 
 
+@pytest.mark.usefixtures("default_model")
 def test_output_piped_into_head_ends_quietly():
     cmd = " ".join(f"'{a}'" for a in GENERATE) + ' | head -c 16; echo "status=${PIPESTATUS[0]}" >&2'
     proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, cwd=REPO, env=_env(), timeout=300)
@@ -128,11 +130,13 @@ def test_empty_prompt_argument_and_empty_stdin_agree(monkeypatch, capsys):
 
 
 def test_dtype_the_platform_has_no_kernels_for_is_refused(capsys):
-    assert cli.main(["generate", "--dtype", "float16", "hi"]) == cli.USER_ERROR
+    # cpu named: a GPU machine's default platform has float16 kernels
+    assert cli.main(["generate", "--platform", "cpu", "--dtype", "float16", "hi"]) == cli.USER_ERROR
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "float16" in err[0] and "plain-torch reference" in err[0], err
 
 
+@pytest.mark.usefixtures("default_model")
 def test_default_sampling_gives_sensible_answers():
     """The defaults a call without SamplingParams uses (LLM.get_default_sampling_params, which the CLI uses too)
     answer the default model's easy prompts and end on their own, without loops: the haiku prompt that loops forever
@@ -169,6 +173,7 @@ print("RESULT", rc, seen[0], gc.isenabled(), gc.get_freeze_count() > frozen, fil
 """
 
 
+@pytest.mark.usefixtures("default_model")
 def test_command_line_start_up_runs_without_the_collector_and_resumes_it():
     """A command-line run loads with the collector off, then freezes what start-up left and turns it back on;
     an in-process call (argv given) leaves the caller's collector alone."""

@@ -12,6 +12,7 @@ from engine.core.ops.registry import OPS
 from tests.plugin_helpers import run_engine
 
 
+@pytest.mark.usefixtures("default_model")
 def test_tiny_run_reports_consistent_numbers(gen):
     rng = random.Random(gen.initial_seed())
     n, inp, out = rng.randint(2, 4), rng.randint(5, 12), rng.randint(2, 5)

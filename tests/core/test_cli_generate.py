@@ -6,15 +6,19 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.plugin_helpers import REPO, run_engine
 
 
+@pytest.mark.usefixtures("default_model")
 def test_generate_answers_a_question_with_the_default_model():
     proc = run_engine(["generate", "--temperature", "0", "--max-tokens", "12", "What is the capital of France?"])
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
 
 
+@pytest.mark.usefixtures("default_model")
 def test_prompts_from_stdin_and_from_a_file(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "ENGINE_PLATFORM"}
     greedy = ["generate", "--temperature", "0", "--max-tokens", "8"]
@@ -32,14 +36,18 @@ def test_prompts_from_stdin_and_from_a_file(tmp_path):
     assert second.strip(), "the second prompt got no answer"
 
 
+def _one_clear_line(args: list[str], message: str) -> None:
+    proc = run_engine(args)
+    assert proc.returncode == 2, (args, proc.stderr)
+    assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_errors_are_one_clear_line():
-    cases = [
-        (["generate", "--model", "/nope/model.gguf", "hi"], "/nope/model.gguf"),
-        (["generate", "--temperature", "-1", "hi"], "temperature must be >= 0"),
-        (["generate", "--platform", "cpux", "hi"], "Did you mean 'cpu'"),
-        (["generate", "--no-chat", "word " * 9000], "but the context holds 8192"),
-    ]
-    for args, message in cases:
-        proc = run_engine(args)
-        assert proc.returncode == 2, (args, proc.stderr)
-        assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    _one_clear_line(["generate", "--model", "/nope/model.gguf", "hi"], "/nope/model.gguf")
+    _one_clear_line(["generate", "--temperature", "-1", "hi"], "temperature must be >= 0")
+    _one_clear_line(["generate", "--platform", "cpux", "hi"], "Did you mean 'cpu'")
+
+
+@pytest.mark.usefixtures("default_model")
+def test_prompt_longer_than_the_context_is_one_clear_line():
+    _one_clear_line(["generate", "--no-chat", "word " * 9000], "but the context holds 8192")

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from engine.core.ops.registry import OPS
-from tests.plugin_helpers import doctor_json, run_engine
+from tests.plugin_helpers import default_platform, doctor_json, run_engine
 
 
 def test_doctor_selects_cpu_with_an_op_table():
     proc = run_engine(["doctor"])
     assert proc.returncode == 0, proc.stderr
-    assert "Selected platform: cpu" in proc.stdout
+    assert f"Selected platform: {default_platform()}" in proc.stdout
     for name in OPS:
         assert name in proc.stdout
 
 
 def test_doctor_json_covers_every_op_and_dtype():
     info = doctor_json()
-    assert info["_returncode"] == 0 and info["selected"] == "cpu" and info["error"] is None
+    assert info["_returncode"] == 0 and info["selected"] == default_platform() and info["error"] is None
     for name, op in OPS.items():
         dtypes = info["ops"][name]["dtypes"]
         assert set(dtypes) == {str(d).removeprefix("torch.") for d in op.dtypes}

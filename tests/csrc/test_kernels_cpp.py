@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from tests.needs import require
 from tests.plugin_helpers import REPO
 
 TARGETS = {
@@ -27,10 +28,7 @@ EMULATORS = {"aarch64": "qemu-aarch64", "ppc64le": "qemu-ppc64le", "riscv64": "q
 def test_cpp_kernel_tests_pass(target, tmp_path):
     toolchain, compiler = TARGETS[target]
     missing = [t for t in (compiler, EMULATORS.get(target), "cmake", "ctest") if t and shutil.which(t) is None]
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must install {missing} (see .ci/run)")
-        pytest.skip(f"{missing} not installed (apt-get install them as .ci/run does)")
+    require(missing, "apt-get install them as .ci/run does")
     build = tmp_path / f"build-{target}"
     configure = ["cmake", "-S", str(REPO / "tests" / "csrc"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"]
     if toolchain:

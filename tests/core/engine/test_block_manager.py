@@ -294,6 +294,7 @@ def test_random_workload_serves_only_correct_kv():
     assert bm.num_free_blocks == nblocks and bm.usage == 0.0
 
 
+@pytest.mark.usefixtures("default_model")
 def test_partial_hits_through_the_engine_keep_greedy_output():
     """A prompt shorter than a block, asked again: the real model reuses all but its last token's K/V (taken over
     from the finished request's block) and generates the same tokens as without any cache; so does a prompt

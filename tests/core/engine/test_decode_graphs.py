@@ -70,7 +70,7 @@ def run(model_dir):
 
 
 def test_replayed_decode_equals_eager_decode(run):
-    _, eager = run(enforce_eager=True)
+    _, eager = run(enforce_eager=True, platform="cpu")
     platform = ReplayingCpu()
     llm, graphed = run(platform=platform)
     assert platform.captures == 3 and llm.runner.graphs.bucket_for(3) == 4  # 3 sequences ride bucket 4
@@ -83,7 +83,7 @@ def test_a_failed_capture_falls_back_to_eager_and_says_why(caplog, run):
         llm, tokens = run(platform=FailingCapture())
     assert llm.runner.graphs is None
     assert "decode graphs disabled" in caplog.text and "stream is capturing" in caplog.text
-    _, eager = run(enforce_eager=True)
+    _, eager = run(enforce_eager=True, platform="cpu")
     assert tokens == eager
 
 
@@ -135,7 +135,7 @@ def test_cpu_graphs_replay_batches_above_8_as_eager(model_dir):
 
 
 def test_a_failed_lazy_capture_falls_back_to_eager_and_says_why(caplog, model_dir):
-    eager = _long_run(LLM(model_dir, kv_cache_bytes=32 << 20, enforce_eager=True), PROMPTS)
+    eager = _long_run(LLM(model_dir, kv_cache_bytes=32 << 20, platform="cpu", enforce_eager=True), PROMPTS)
     with caplog.at_level("WARNING", logger="engine"):
         llm = LLM(model_dir, kv_cache_bytes=32 << 20, platform=FailingLazyCapture())
         assert _long_run(llm, PROMPTS) == eager

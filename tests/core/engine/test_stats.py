@@ -16,8 +16,10 @@ BLOCK, BUDGET = 4, 8
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM(kv_cache_bytes=16 << 20, block_size=BLOCK, max_num_batched_tokens=BUDGET, enable_prefix_caching=False)
+def llm(default_model):
+    # step-by-step timings: with async scheduling (cuda's default) a token is stamped when read back, a step later
+    return LLM(kv_cache_bytes=16 << 20, block_size=BLOCK, max_num_batched_tokens=BUDGET, enable_prefix_caching=False,
+               async_scheduling=False)
 
 
 def _prompt(rng: random.Random, n: int, vocab: int) -> list[int]:

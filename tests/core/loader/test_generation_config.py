@@ -55,6 +55,7 @@ def test_bad_generation_config_is_a_clear_load_error(tmp_path, generation, needl
     assert needle in str(e.value) and "generation_config.json" in str(e.value)
 
 
+@pytest.mark.usefixtures("default_model")
 def test_builtin_model_defaults_and_other_gguf_files(tmp_path):
     builtin = default_model_path()
     assert generation_defaults(builtin, False, builtin) == BUILTIN_MODEL_DEFAULTS
@@ -79,6 +80,7 @@ def test_calls_without_sampling_params_use_the_models_defaults(tmp_path):
     assert got == want and len(got) > 0
 
 
+@pytest.mark.usefixtures("default_model")
 def test_builtin_model_runs_with_repetition_penalty():
     llm = LLM(None, platform="cpu", num_kv_blocks=64)
     assert llm.get_default_sampling_params().repetition_penalty == BUILTIN_MODEL_DEFAULTS["repetition_penalty"]

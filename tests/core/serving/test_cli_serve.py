@@ -14,6 +14,7 @@ from tests.core.serving.live_server import free_port
 from tests.plugin_helpers import REPO
 
 
+@pytest.mark.usefixtures("default_model")
 def test_serve_answers_and_stops():
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port), "--max-model-len",

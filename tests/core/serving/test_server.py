@@ -24,7 +24,7 @@ N_CONCURRENT = 64
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(default_model):
     llm = LLM(kv_cache_bytes=96 << 20, max_num_seqs=64, max_model_len=512)
     # A request's fields left out take the model's defaults (the built-in model: repetition_penalty 1.1), as
     # LLM.get_default_sampling_params does offline.

