@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.core.ops import fp8
+from tests.needs import unavailable
 
 DTYPES = [torch.float32, torch.bfloat16]
 FP8 = list(fp8.FP8_DTYPES.values())
@@ -50,12 +51,14 @@ def test_fp8_linear_matches_block_loop(case, dtype, gen):
 
 def _cpu_scaled_mm(*args, **kwargs):
     """torch's CPU ``_scaled_mm`` as the peer; older torch (2.11, the GPU image's) takes per-tensor scales only and
-    says so with an internal assert: that is a missing peer, so the comparison is skipped with torch's words."""
+    says so with an internal assert: a missing peer (tests/needs.py: skipped with torch's words, a failure under CI,
+    whose pinned torch 2.13 has it)."""
     try:
         return torch._scaled_mm(*args, **kwargs)
     except RuntimeError as exc:
         if "only supports per-tensor scaling" in str(exc):
-            pytest.skip(f"torch {torch.__version__}'s CPU _scaled_mm lacks this scaling: {str(exc)[:160]}")
+            unavailable(f"torch {torch.__version__}'s CPU _scaled_mm lacks this scaling ({str(exc)[:160]}); "
+                        f"torch 2.13 has it")
         raise
 
 
