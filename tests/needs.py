@@ -7,6 +7,7 @@ model) the test skips with a reason that names what to install.
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import NoReturn
 
@@ -17,13 +18,21 @@ def unavailable(reason: str) -> NoReturn:
     """Fail under CI, skip elsewhere; ``reason`` says what is missing and how to install it."""
     if os.environ.get("CI"):
         pytest.fail(f"CI must install what this test needs: {reason}")
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def require(missing: list[str], how: str) -> None:
     """``unavailable`` when ``missing`` (names of tools or packages) is not empty; ``how`` says how to install them."""
     if missing:
         unavailable(f"{missing} not installed ({how})")
+
+
+def module(name: str, how: str = "pip install -e '.[test]'"):
+    """``import name``; ``unavailable`` when it is not installed (at a test module's top: the whole module)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        unavailable(f"{name} not importable ({exc}); {how}")
 
 
 def default_model() -> str:

@@ -9,6 +9,7 @@ import torch
 
 from engine.core.loader import load_checkpoint
 from engine.core.models.weights import QuantizedWeight
+from tests import needs
 from tests.core.loader.builders import (
     CHATML,
     VARIED_TEXTS,
@@ -142,6 +143,8 @@ def test_sentencepiece_vocabulary_matches_transformers(tmp_path):
     ours = load_checkpoint(path).tokenizer
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="spm.gguf")
     texts = [t for t in VARIED_TEXTS if "<|" not in t] + ["<s>hello</s> world", "ünïcödé ✓ 🙂"]
+    if hf_tok.encode("a")[0] != 1:  # transformers 5.17 (the GPU machine's) ignores the file's add_bos; 5.24 obeys
+        needs.unavailable(f"transformers {transformers.__version__} ignores the GGUF's add_bos_token: upgrade it")
     for text in texts:
         ids = ours.encode(text)
         assert ids == hf_tok.encode(text), text

@@ -7,11 +7,13 @@ import sys
 import time
 
 import httpx
-import openai
 import pytest
 
+from tests import needs
 from tests.core.serving.live_server import free_port
 from tests.plugin_helpers import REPO
+
+openai = needs.module("openai")
 
 
 @pytest.mark.usefixtures("default_model")

@@ -8,13 +8,15 @@ import dataclasses
 import json
 
 import httpx
-import openai
 import pytest
 
 from engine.core.engine.async_llm import AsyncLLM
 from engine.core.engine.llm import LLM
-from engine.core.serving.app import build_app
+from tests import needs
 from tests.core.serving.live_server import start_server
+
+openai = needs.module("openai")
+build_app = needs.module("engine.core.serving.app", "pip install -e '.[serve]'").build_app  # needs fastapi
 
 MODEL = "smollm2"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -174,9 +174,10 @@ def test_cached_choice_guards_sizes_outside_the_cache_key(registry, gen):
 def test_doctor_shows_the_isa_in_use():
     from tests.plugin_helpers import doctor_json
 
-    device = doctor_json()["device"]
+    cpu = {"ENGINE_PLATFORM": "cpu"}  # doctor describes the selected platform: cuda on a GPU machine
+    device = doctor_json(env=cpu)["device"]
     assert device["native_isa"].startswith(ISAS[0] + " (") and all(i in device["native_isa"] for i in ISAS)
     assert device["native_threads"].startswith(str(_native.num_threads()))
     if "avx2" in ISAS:  # forced lower: doctor reports what runs, not what the CPU could do
-        forced = doctor_json(env={"ENGINE_CPU_ISA": "avx2"})["device"]
+        forced = doctor_json(env=cpu | {"ENGINE_CPU_ISA": "avx2"})["device"]
         assert forced["native_isa"].startswith("avx2 (") and forced["native_int8_dot"] == "avx2"
