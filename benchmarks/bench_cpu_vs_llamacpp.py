@@ -23,7 +23,8 @@ Measures, each system in its own subprocess (so one's threads never compete with
   row measures it with nothing added to the step: 1 - (the single-stream step's recorded kernel calls replayed back to
   back, no engine step around them) / (the untimed ms/token).
 
-The engine runs once per native ISA this CPU runs (``--isas``, default: all but scalar; ENGINE_CPU_ISA forces each)
+The engine runs once per native ISA this CPU runs (``--isas``, default: all but scalar; ENGINE_CPU_ISA forces each,
+and ONEDNN_MAX_CPU_ISA caps torch's oneDNN GEMMs to match)
 and per ``--activation-quant`` choice (default: none and q8), each configuration with its own ratios to llama.cpp.
 
 How each system runs them:
@@ -490,9 +491,19 @@ def llamacpp_startup(spec: dict, threads: int, repeat: int) -> float:
     return min(walls)
 
 
+# A forced ISA also caps torch's oneDNN (the GGUF prefill GEMM, platforms/cpu/kernels/onednn_gemm.py), so that a
+# forced-AVX2 run on an AVX-512 CPU stands in for an AVX2-only machine.
+ONEDNN_ISA_CAP = {"avx2": "AVX2", "scalar": "SSE41"}
+
+
+def isa_env(isa: str) -> dict:
+    """The environment that runs the engine on ``isa``: ENGINE_CPU_ISA, and oneDNN capped to match."""
+    return {"ENGINE_CPU_ISA": isa, **({"ONEDNN_MAX_CPU_ISA": ONEDNN_ISA_CAP[isa]} if isa in ONEDNN_ISA_CAP else {})}
+
+
 def generate_startup(isa: str, threads: int, repeat: int) -> float:
     """(e): the best wall time of a fresh ``engine generate --max-tokens 1`` (imports, platform, load, one token)."""
-    env = dict(os.environ, ENGINE_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads), ENGINE_CPU_ISA=isa)
+    env = dict(os.environ, ENGINE_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads), **isa_env(isa))
     best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
@@ -661,7 +672,7 @@ def main(argv=None) -> int:
         startup = generate_startup(isa, a.threads, a.repeat)
         for aq in a.activation_quant.split(","):
             for eager in (False, True) if a.eager else (False,):
-                env = {"ENGINE_CPU_ISA": isa}
+                env = isa_env(isa)
                 wspec = dict(spec, activation_quant=aq, eager=eager)
                 r = (startup_worker("engine", wspec, a.threads, a.repeat, env)
                      if a.startup_only else run_worker("engine", wspec, a.threads, env))

@@ -18,6 +18,7 @@ from engine.core.ops.gguf_quant import BLOCK, GGUF_QTYPES, gguf_dequantize, gguf
 from engine.platforms.cpu import _native
 
 from ._common import DTYPE_CODE, PRIORITY, isa_note, rows_of
+from .onednn_gemm import fp32_linear, onednn_active
 
 FP16 = torch.float16
 ACTIVATION_DTYPES = (*DTYPE_CODE, FP16)  # fp16 through the fp32 kernels (see the module docstring)
@@ -65,10 +66,12 @@ def _supports_linear(x, raw, qtype, cols):
 
 
 def _dequant_matmul(x, raw, qtype, cols):
-    # Dequantizes the whole weight on every call: correct everywhere, fast only for prefill-sized M.
+    # Dequantizes the whole weight on every call (~1% of a prefill GEMM's time): correct everywhere, fast only for
+    # prefill-sized M. fp32 goes through oneDNN (onednn_gemm.py), bf16 through torch's GEMM.
     if x.dtype == FP16:
         return _dequant_matmul(x.float(), raw, qtype, cols).to(FP16)
-    return torch.nn.functional.linear(x, _dequant(raw, qtype, cols, x.dtype))
+    w = _dequant(raw, qtype, cols, x.dtype)
+    return fp32_linear(x, w) if x.dtype == torch.float32 else torch.nn.functional.linear(x, w)
 
 
 # Above this many rows of x (prefill), dequantizing the whole weight and calling torch's GEMM wins on the Intel
@@ -89,18 +92,18 @@ def _cpu_vendor() -> str:
     return ""
 
 
-# On AMD with AVX-512 the crossover is elsewhere: on the 2-core Zen 5 host (2026-12-01) torch's fp32 GEMM runs at
-# ~180 GFLOP/s, and the raw-row fused kernel (x in 126-row chunks, csrc/gguf_linear.cpp) beat dequantize + GEMM
-# 1.6-1.9x at every M from 65 to 2048 on the SmolLM2 layer shapes (~400 GFLOP/s). Its AVX2 variant, forced on the
-# same CPU, lost to the fallback there (0.72-0.88x), so the rule is per ISA, read at each prefill-sized call (the
-# ISA can change at run time). Elsewhere (Intel: the Xeon's measurement above; other vendors and ISAs: not
-# measured) the fallback starts above FUSED_MAX_M.
+# On AMD with AVX-512 and no oneDNN the crossover is elsewhere: on the 2-core Zen 5 host (2026-12-01) torch's own
+# fp32 GEMM (MKL) runs at ~180-210 GFLOP/s, and the raw-row fused kernel (x in 126-row chunks, csrc/gguf_linear.cpp,
+# ~330-400 GFLOP/s) beat dequantize + that GEMM 1.6-1.9x at every M from 65 to 2048 on the SmolLM2 layer shapes.
+# With oneDNN (420-465 GFLOP/s there) the fallback wins from M = 65 on (onednn_gemm.py), as on Intel. Its AVX2
+# variant, forced on the same CPU, lost to either fallback, so the rule is per ISA, read at each prefill-sized call
+# (the ISA can change at run time).
 FUSED_RAW_MAX_M = 2048 if _cpu_vendor() == "AuthenticAMD" else FUSED_MAX_M
 
 
 def fused_raw_max_m() -> int:
-    """Rows of x up to which the fp32 op runs the raw-row fused kernel now (above: dequantize + torch matmul)."""
-    return FUSED_RAW_MAX_M if _native.isa() == "avx512" else FUSED_MAX_M
+    """Rows of x up to which the fp32 op runs the raw-row fused kernel now (above: dequantize + fp32 GEMM)."""
+    return FUSED_RAW_MAX_M if _native.isa() == "avx512" and not onednn_active() else FUSED_MAX_M
 
 
 # The same for the Q8-activation op, whose fallback rounds x to Q8 blocks with torch first (same codes, so the
@@ -114,7 +117,7 @@ PACKED_MAX_M = 2048
 
 
 def _q8act_dequant_matmul(x, raw, qtype, cols):
-    return torch.nn.functional.linear(q8_round(x), _dequant(raw, qtype, cols, torch.float32)).to(x.dtype)
+    return fp32_linear(q8_round(x).float(), _dequant(raw, qtype, cols, torch.float32)).to(x.dtype)
 
 
 # Row-interleaved copies of GGUF weights for the packed Q8-activation kernels (csrc/gguf_packed.h: 16 rows per
@@ -230,8 +233,9 @@ def register(registry) -> None:
     packed_f32 = _native.gguf_packed_f32_variant()
     registry.register(gguf_linear, _packed_fused_linear, name="fused", supports=_supports_linear,
                       priority=PRIORITY + 1,
-                      note=f"native fused decode + fp32 FMA (M <= {FUSED_MAX_M}, and on AMD with AVX-512 M <= "
-                      f"{FUSED_RAW_MAX_M}; larger M: dequant_matmul); "
+                      note=f"native fused decode + fp32 FMA (M <= {FUSED_MAX_M}; larger M: dequantize + oneDNN fp32 "
+                      f"GEMM, or without oneDNN torch's, or on AMD with AVX-512 the fused kernel to M = "
+                      f"{FUSED_RAW_MAX_M}); "
                       + (f"row-interleaved weight copy, {packed_f32} at registration" if packed_f32 else isa_note()))
     packed = _native.gguf_packed_variant()
     registry.register(gguf_linear_q8act, _q8act_packed_linear, name="native", supports=_supports_linear,
@@ -241,4 +245,4 @@ def register(registry) -> None:
                       + f" at registration; M > {PACKED_MAX_M if packed else Q8ACT_MAX_M}: torch quantize + GEMM)")
     registry.register(gguf_linear, _dequant_matmul, name="dequant_matmul", supports=_supports_linear,
                       priority=PRIORITY,
-                      note="native dequantize to x.dtype, then torch matmul; " + isa_note())
+                      note="native dequantize to x.dtype, then oneDNN (fp32) or torch GEMM; " + isa_note())

@@ -8,7 +8,9 @@ import torch
 from engine.core.ops.gguf_quant import GGUF_QTYPES, Q4_0, Q4_1, Q8_0, gguf_dequantize, gguf_linear, random_gguf_weight
 from engine.platforms.cpu import _native
 from engine.platforms.cpu.kernels import gguf as gguf_kernels
+from engine.platforms.cpu.kernels import onednn_gemm
 from engine.platforms.cpu.kernels.gguf import FUSED_MAX_M, FUSED_RAW_MAX_M
+from tests import needs
 
 QTYPES = (Q4_0, Q4_1, Q8_0)
 DTYPES = (torch.float32, torch.bfloat16)
@@ -82,23 +84,30 @@ def test_empty_and_prefill_sizes(registry, gen):
     assert impl.fn(torch.randn(0, k), raw, Q8_0, k).shape == (0, 6)
     assert impl.fn(torch.randn(3, k), raw[:0], Q8_0, k).shape == (3, 0)
     check(impl, torch.randn(FUSED_MAX_M + 1, k, generator=gen), raw, Q8_0, k)  # raw-row kernel or torch matmul
-    check(impl, torch.randn(FUSED_RAW_MAX_M + 1, k, generator=gen), raw, Q8_0, k)  # dequantize + torch matmul
+    check(impl, torch.randn(FUSED_RAW_MAX_M + 1, k, generator=gen), raw, Q8_0, k)  # dequantize + GEMM
 
 
-def test_prefill_rows_follow_the_vendor_rule(isa, registry, gen, monkeypatch):
-    # The raw-row kernel takes prefill-sized M only where it was measured to beat torch's GEMM (AMD with AVX-512);
-    # the rule is read at each call, so it follows the ISA in use. Which kernel ran is seen on the module, where the
-    # wrapper looks it up (the kernels run for real).
-    amd512 = gguf_kernels._cpu_vendor() == "AuthenticAMD" and isa == "avx512"
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "torch_gemm"])
+def test_prefill_rows_follow_the_vendor_rule(onednn, isa, registry, gen, monkeypatch):
+    # The raw-row kernel takes prefill-sized M only where it was measured to beat the fallback: AMD with AVX-512 when
+    # the fallback's GEMM is torch's own (no oneDNN). The rule is read at each call, so it follows the ISA in use.
+    # Which kernel ran is seen on the modules, where the wrappers look them up (the kernels run for real).
+    if onednn and not onednn_gemm.onednn_active():
+        needs.unavailable("this torch has no working oneDNN linear (torch.ops.mkldnn._linear_pointwise)")
+    monkeypatch.setattr(gguf_kernels, "onednn_active", lambda: onednn)
+    monkeypatch.setattr(onednn_gemm, "_state", {"ok": onednn})
+    amd512 = gguf_kernels._cpu_vendor() == "AuthenticAMD" and isa == "avx512" and not onednn
     assert gguf_kernels.fused_raw_max_m() == (FUSED_RAW_MAX_M if amd512 else FUSED_MAX_M)
     assert FUSED_RAW_MAX_M == (2048 if gguf_kernels._cpu_vendor() == "AuthenticAMD" else FUSED_MAX_M)
-    raw_calls = []
-    real = _native.gguf_linear
+    raw_calls, onednn_calls = [], []
+    real, real_onednn = _native.gguf_linear, onednn_gemm._onednn
     monkeypatch.setattr(_native, "gguf_linear", lambda *a: raw_calls.append(a[3]) or real(*a))
+    monkeypatch.setattr(onednn_gemm, "_onednn", lambda x, w: onednn_calls.append(x.shape[0]) or real_onednn(x, w))
     impl, k = fused(registry), 64
     raw = weight(6, k, Q4_1, gen)
     check(impl, torch.randn(FUSED_MAX_M + 1, k, generator=gen), raw, Q4_1, k)
     assert raw_calls == ([FUSED_MAX_M + 1] if amd512 else [])
+    assert onednn_calls == ([FUSED_MAX_M + 1] if onednn else [])
 
 
 @pytest.mark.parametrize("m", [126, 127, 300])
