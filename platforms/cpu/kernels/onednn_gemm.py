@@ -8,10 +8,13 @@ a 512-token prompt 378 ms against 461 ms, with the same greedy tokens (same proc
 
 oneDNN is reached through ``torch.ops.mkldnn._linear_pointwise`` (the op torch's own compiler emits for CPU linears).
 It is private to torch, so the first call checks it against ``F.linear`` on small random inputs; where it is missing
-or disagrees, the user is told once and ``F.linear`` runs instead.
+or disagrees on x86-64, the user is told once and ``F.linear`` runs instead. Other architectures (AArch64, POWER,
+RISC-V) keep ``F.linear``: oneDNN was not measured there.
 """
 
 from __future__ import annotations
+
+import platform
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +35,10 @@ def _onednn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _check() -> bool:
-    """Whether oneDNN's linear is there and agrees with F.linear (fp32, a few shapes, fresh random inputs)."""
+    """Whether oneDNN's linear is there and agrees with F.linear (fp32, a few shapes, fresh random inputs); x86-64
+    only."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
     if _onednn_op() is None:
         warn_once("this torch has no oneDNN linear (torch.ops.mkldnn._linear_pointwise): GGUF prefill GEMMs run on "
                   "torch's default fp32 GEMM, which is slower on AMD CPUs")

@@ -4,6 +4,7 @@ torch's F.linear on fresh random inputs, and the gate that falls back to F.linea
 from __future__ import annotations
 
 import logging
+import platform
 
 import pytest
 import torch
@@ -23,6 +24,8 @@ def fresh(monkeypatch):
 
 def test_onednn_is_used_on_x86():
     # torch's x86 wheels ship oneDNN: CI must run the fast path, not only its fallback
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(f"oneDNN is used on x86-64 only; this is {platform.machine()}")
     if not onednn_gemm.onednn_active():
         needs.unavailable("this torch has no working oneDNN linear (torch.ops.mkldnn._linear_pointwise)")
 
@@ -52,7 +55,18 @@ def test_layouts_and_dtypes():
 
 
 @pytest.mark.usefixtures("fresh")
+def test_other_architectures_keep_torch_linear_quietly(monkeypatch, caplog):
+    monkeypatch.setattr(onednn_gemm.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(onednn_gemm, "_onednn", lambda x, w: pytest.fail("oneDNN used off x86-64"))
+    x, w = torch.randn(70, 64), torch.randn(5, 64)
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        torch.testing.assert_close(onednn_gemm.fp32_linear(x, w), F.linear(x, w))
+    assert not caplog.records and not onednn_gemm.onednn_active()
+
+
+@pytest.mark.usefixtures("fresh")
 def test_missing_onednn_falls_back_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(onednn_gemm.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(onednn_gemm, "_onednn_op", lambda: None)
     monkeypatch.setattr(onednn_gemm, "_onednn", lambda x, w: pytest.fail("oneDNN called without passing its check"))
     x, w = torch.randn(70, 64), torch.randn(5, 64)
@@ -66,6 +80,7 @@ def test_missing_onednn_falls_back_and_says_so(monkeypatch, caplog):
 
 @pytest.mark.usefixtures("fresh")
 def test_wrong_onednn_results_fail_the_check(monkeypatch, caplog):
+    monkeypatch.setattr(onednn_gemm.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(onednn_gemm, "_onednn", lambda x, w: F.linear(x, w) + 1.0)
     x, w = torch.randn(70, 64), torch.randn(5, 64)
     with caplog.at_level(logging.WARNING, logger="engine"):
