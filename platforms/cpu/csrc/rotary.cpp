@@ -1,8 +1,9 @@
-// rotary_embedding: validation, the split over tokens, and the dispatch to the current ISA's variant
-// (rotary_impl.h).
+// rotary_embedding (and rotary_write_kv, the same loop writing k and v to the paged cache): validation, the split
+// over tokens, and the dispatch to the current ISA's variant (rotary_impl.h).
 #include "rotary.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -12,6 +13,19 @@ namespace engine_cpu {
 namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw std::invalid_argument("rotary_embedding: " + what); }
+
+// The KV write's arguments (rotary_write_kv), all checked before anything is written.
+void check_kv_write(const RotaryArgs& a) {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("rotary_write_kv: " + what); };
+  if (a.slot_tokens != a.tokens || a.v_tokens != a.tokens)
+    fail("positions, v and slot_mapping disagree on the number of tokens (" + std::to_string(a.tokens) + ", " +
+         std::to_string(a.v_tokens) + ", " + std::to_string(a.slot_tokens) + ")");
+  if (a.num_slots != a.v_num_slots) fail("key and value caches differ in size");
+  for (int64_t t = 0; t < a.tokens; ++t)
+    if (a.slots[t] >= a.num_slots)
+      fail("slot_mapping[" + std::to_string(t) + "] = " + std::to_string(a.slots[t]) + " is past the cache's " +
+           std::to_string(a.num_slots) + " slots");
+}
 
 }  // namespace
 
@@ -26,6 +40,7 @@ void rotary_embedding(const RotaryArgs& a) {
     if (a.positions[t] < 0 || a.positions[t] >= a.max_pos)
       bad("positions[" + std::to_string(t) + "] = " + std::to_string(a.positions[t]) +
           " is outside the cos_sin_cache's " + std::to_string(a.max_pos) + " positions");
+  if (a.slots != nullptr) check_kv_write(a);
   void (*fn)(const RotaryRow&) = rotary_row_scalar;
   switch (current_isa()) {
 #ifdef ENGINE_X86
@@ -53,9 +68,17 @@ void rotary_embedding(const RotaryArgs& a) {
                   static_cast<char*>(a.q_out) + t * a.q_heads * a.head_dim * es,
                   a.q_heads, a.head_dim, a.rot_dim, cs, cs + half, a.neox, a.dtype};
       fn(r);
+      const int64_t row = a.k_heads * a.head_dim * es;
       r.x = static_cast<const char*>(a.k) + t * a.k_stride * es;
-      r.out = static_cast<char*>(a.k_out) + t * a.k_heads * a.head_dim * es;
+      r.out = static_cast<char*>(a.k_out) + t * row;
       r.heads = a.k_heads;
+      if (a.slots != nullptr) {  // rotary_write_kv: k rotated straight into its cache row, v copied beside it
+        const int64_t s = a.slots[t];
+        if (s < 0) continue;
+        r.out = static_cast<char*>(a.k_cache) + s * row;
+        std::memcpy(static_cast<char*>(a.v_cache) + s * row, static_cast<const char*>(a.v) + t * a.v_stride * es,
+                    row);
+      }
       fn(r);
     }
   });

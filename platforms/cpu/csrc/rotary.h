@@ -25,9 +25,19 @@ struct RotaryArgs {
   int64_t max_pos, rot_dim, head_dim;
   bool neox;
   DType dtype;
+  // rotary_write_kv: with slots set, token t's rotated k goes to k_cache row slots[t] instead of k_out, and its v
+  // (v_stride elements after token t - 1's) to v_cache row slots[t]; a slot < 0 skips the token's k and v. Rows
+  // are k_heads * head_dim values.
+  const int64_t* slots = nullptr;
+  int64_t slot_tokens = 0;
+  const void* v = nullptr;
+  int64_t v_stride = 0, v_tokens = 0;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t num_slots = 0, v_num_slots = 0;
 };
 
-// Validates (positions in range, shapes), then splits tokens over the thread pool.
+// Validates (positions and slots in range, shapes), then splits tokens over the thread pool.
 void rotary_embedding(const RotaryArgs& a);
 
 // One token: `heads` heads of x (contiguous) -> out. cos/sin: rot_dim/2 values each.

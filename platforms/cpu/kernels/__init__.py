@@ -11,7 +11,7 @@ from __future__ import annotations
 
 NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "rms_norm", "fused_add_rms_norm",
               "paged_attention_decode", "paged_attention_prefill", "write_kv_cache", "silu_and_mul", "rotary_embedding",
-              "fused_moe")
+              "rotary_write_kv", "fused_moe")
 
 
 def register(registry, fp16_max_m=None) -> None:

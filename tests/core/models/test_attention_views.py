@@ -1,7 +1,8 @@
 """SelfAttention hands q, k and v on as strided column slices of the fused qkv projection only where the kernels
 chosen for those views are the ones chosen for contiguous copies (and not an op's reference): on the cpu platform
-q and k stay views (its rotary reads strided token rows) and v is copied (its KV write needs contiguous rows); a
-platform with kernels for neither copies all three; the output equals the all-copies path in every case."""
+rotary and the KV write run as one kernel (rotary_write_kv) that reads strided token rows, so q, k and v stay views
+(q and k are copied where q/k norm runs first: its rms_norm takes no strided 3-D x); a platform with kernels for
+neither copies all three; the output equals the all-copies path in every case."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_views_where_the_kernels_take_them(qk_norm, gen):
     out_cpu, kv_cpu, views_cpu = run_attention(attn, cpu, x, batch)
     out_bare, kv_bare, views_bare = run_attention(attn, bare, x, batch)
     # the cpu's rms_norm takes no strided 3-D x: with q/k norm, q and k are copied too
-    assert views_cpu == (False, not qk_norm, False)  # no fused rotary + KV write kernel on cpu
+    assert views_cpu == (True, not qk_norm, True)  # the fused rotary + KV write kernel, on views
     assert views_bare == (False, False, False)
     tol = dict(atol=2e-2, rtol=2e-2)  # native kernels against plain-torch references, bf16
     torch.testing.assert_close(out_cpu.float(), out_bare.float(), **tol)

@@ -101,7 +101,7 @@ def test_greedy_tokens_equal_the_reference_path(model_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="engine"):
         ppc, ours, used = _run(model_dir, PpcPlatform(), prompts)
     assert not caplog.records, [r.getMessage() for r in caplog.records]
-    for op in ("linear", "rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "write_kv_cache",
+    for op in ("linear", "rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_write_kv",
                "paged_attention_prefill", "paged_attention_decode"):
         assert used.get(op) == [f"ppc.native{'_fp16' if op == 'linear' else ''}"], (op, used)
     ref, theirs, _ = _run(model_dir, ReferencePlatform(), prompts)

@@ -1,5 +1,6 @@
-"""The cpu kernel wrappers on fp16 storage (RMSNorm, fused add + RMSNorm, SiLU-and-mul, rotary, paged attention,
-the KV-cache write, the dense fp16 linear), on every ISA variant of this CPU (what ENGINE_CPU_ISA selects), against
+"""The cpu kernel wrappers on fp16 storage (RMSNorm, fused add + RMSNorm, SiLU-and-mul, rotary, rotary with the KV
+write, paged attention, the KV-cache write, the dense fp16 linear), on every ISA variant of this CPU (what
+ENGINE_CPU_ISA selects), against
 the ops' references on fresh random inputs: each op's conformance cases (several shapes, contiguous and strided),
 through the conformance kit's own check. The ppc platform runs these same wrappers on its VSX build."""
 
@@ -12,8 +13,8 @@ from engine.core.ops.registry import KernelRegistry
 from engine.core.testing.conformance import collect_checks, compare, fresh_seed, run_check
 from engine.platforms.cpu.kernels import linear as cpu_linear
 
-STORAGE_OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "paged_attention_decode",
-               "paged_attention_prefill", "write_kv_cache")
+STORAGE_OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "rotary_write_kv",
+               "paged_attention_decode", "paged_attention_prefill", "write_kv_cache")
 MAX_LINEAR_MACS = 1 << 22  # the linear cases that stay cheap on the scalar ISA (the "large" one does not)
 CPU = torch.device("cpu")
 
