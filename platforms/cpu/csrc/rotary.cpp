@@ -70,9 +70,10 @@ void rotary_embedding(const RotaryArgs& a) {
       fn(r);
       const int64_t row = a.k_heads * a.head_dim * es;
       r.x = static_cast<const char*>(a.k) + t * a.k_stride * es;
-      r.out = static_cast<char*>(a.k_out) + t * row;
       r.heads = a.k_heads;
-      if (a.slots != nullptr) {  // rotary_write_kv: k rotated straight into its cache row, v copied beside it
+      if (a.slots == nullptr) {
+        r.out = static_cast<char*>(a.k_out) + t * row;
+      } else {  // rotary_write_kv: k rotated straight into its cache row, v copied beside it
         const int64_t s = a.slots[t];
         if (s < 0) continue;
         r.out = static_cast<char*>(a.k_cache) + s * row;

@@ -70,8 +70,7 @@ def _dequant_matmul(x, raw, qtype, cols):
     # prefill-sized M. fp32 goes through oneDNN (onednn_gemm.py), bf16 through torch's GEMM.
     if x.dtype == FP16:
         return _dequant_matmul(x.float(), raw, qtype, cols).to(FP16)
-    w = _dequant(raw, qtype, cols, x.dtype)
-    return fp32_linear(x, w) if x.dtype == torch.float32 else torch.nn.functional.linear(x, w)
+    return fp32_linear(x, _dequant(raw, qtype, cols, x.dtype))
 
 
 # Above this many rows of x (prefill), dequantizing the whole weight and calling torch's GEMM wins on the Intel
@@ -117,7 +116,7 @@ PACKED_MAX_M = 2048
 
 
 def _q8act_dequant_matmul(x, raw, qtype, cols):
-    return fp32_linear(q8_round(x).float(), _dequant(raw, qtype, cols, torch.float32)).to(x.dtype)
+    return fp32_linear(q8_round(x), _dequant(raw, qtype, cols, torch.float32)).to(x.dtype)
 
 
 # Row-interleaved copies of GGUF weights for the packed Q8-activation kernels (csrc/gguf_packed.h: 16 rows per

@@ -63,7 +63,8 @@ def onednn_active() -> bool:
 
 
 def fp32_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x @ w.T`` for fp32 ``x`` [..., K] and ``w`` [N, K]; oneDNN where it passed its check, else ``F.linear``."""
+    """``x @ w.T`` for ``x`` [..., K] and ``w`` [N, K]: in fp32 on oneDNN where it passed its check, anything else
+    (other dtypes, no oneDNN) through ``F.linear``."""
     if x.dtype != torch.float32 or w.dtype != torch.float32 or x.numel() == 0 or not onednn_active():
         return F.linear(x, w)
     x2 = x.reshape(-1, x.shape[-1])
