@@ -52,24 +52,47 @@ void move_row(int qtype, uint8_t* raw, uint8_t* g, int r, int64_t nb, bool to_pa
 
 // Below this much work (weight bytes x rows of x, roughly) a chunk of groups stays on one thread.
 constexpr int64_t kMinChunkWork = 1 << 14;
-// Runs of groups per thread (1, 2, 4 and 8 measured alike on the 2-core host; 4 leaves room for uneven threads).
+// First runs of groups per thread (1, 2, 4 and 8 measured alike on the 2-core host; 4 leaves room for uneven
+// threads).
 constexpr int64_t kRunsPerThread = 4;
+// Bytes of weight a run streams at least (runs shrink towards the end of a call, down to this).
+constexpr int64_t kMinRunBytes = 16 << 10;
+// Rows of x from which runs shrink (M = 1 lost 3-4% with shrinking runs, M = 8 neither lost nor gained, M = 32
+// gained 4% a layer; Zen 5, 2026-12-01).
+constexpr int64_t kShrinkRunsFromRows = 16;
 
 // Calls fn(g, first row, rows) for every 16-row group of y's n rows (group_bytes of weight each), threads claiming
-// runs of kRunsPerThread-th of their share of groups: each run is one sequential stream for the hardware prefetchers
-// (for_dynamic_chunks' finer chunks, interleaved between threads, read DRAM at half the rate, measured), and a thread
-// slowed by another process still takes fewer runs.
+// runs of consecutive groups: each run is one sequential stream for the hardware prefetchers (for_dynamic_chunks'
+// finer chunks, interleaved between threads, read DRAM at half the rate, measured). Runs start at
+// kRunsPerThread-th of a thread's share and shrink to half of what is left per thread (guided scheduling),
+// down to kMinRunBytes: the threads then finish together though one started late (a worker waking up) or runs
+// slower (a core shared with another process), which at many rows of x, long runs, left one thread waiting for the
+// other's last run.
 template <class Fn>
 void for_group_runs(const GgufLinearArgs& a, int64_t group_bytes, Fn&& fn) {
   const int64_t groups = (a.n + kPackRows - 1) / kPackRows;
   const int64_t group_work = group_bytes * std::max<int64_t>(1, a.m / 2);
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads(), groups * group_work / kMinChunkWork));
-  const int64_t run = std::max<int64_t>(1, (groups + kRunsPerThread * threads - 1) / (kRunsPerThread * threads));
-  const int64_t runs = (groups + run - 1) / run;
-  for_dynamic_chunks(runs, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t g = r0 * run; g < std::min(groups, r1 * run); ++g) {
+  const auto run = [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
       const int64_t n0 = g * kPackRows;
       fn(g, n0, static_cast<int>(std::min<int64_t>(kPackRows, a.n - n0)));
+    }
+  };
+  if (threads <= 1) return run(0, groups);
+  const int64_t first = std::max<int64_t>(1, (groups + kRunsPerThread * threads - 1) / (kRunsPerThread * threads));
+  // At few rows of x a call streams its weights (and every run start costs), so its runs keep their length.
+  const int64_t least = a.m < kShrinkRunsFromRows
+                            ? first
+                            : std::min(first, (kMinRunBytes + group_bytes - 1) / std::max<int64_t>(group_bytes, 1));
+  std::atomic<int64_t> next{0};
+  parallel_for(threads, 1, [&](int64_t, int64_t) {
+    for (int64_t g0 = next.load(std::memory_order_relaxed); g0 < groups;) {
+      const int64_t left = groups - g0;
+      const int64_t size = std::min(left, std::max(least, std::min(first, (left + 2 * threads - 1) / (2 * threads))));
+      if (!next.compare_exchange_weak(g0, g0 + size, std::memory_order_relaxed)) continue;  // g0 was reloaded
+      run(g0, g0 + size);
+      g0 = next.load(std::memory_order_relaxed);
     }
   });
 }
@@ -299,14 +322,17 @@ void gguf_linear_packed(const GgufLinearArgs& a, const uint8_t* packed) {
     x = w;
     xs = k;
   }
-  for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
-    const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
-    const float* src = x + m0 * xs;
-    for (int64_t b = 0; b < nb; ++b) {
-      if (copy) tile_x_block(src + 32 * b, xs, mt, scaled, xt + m0 * k + 32 * b * mt);
-      if (a.qtype != kQ8_0) block_sums(src + 32 * b, xs, mt, st + m0 * nb + b * mt);
+  // Threads split the blocks once a share is worth waking a worker for (~8K values).
+  parallel_for(nb, std::max<int64_t>(1, 256 / m), [&](int64_t b0, int64_t b1) {
+    for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
+      const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
+      const float* src = x + m0 * xs;
+      for (int64_t b = b0; b < b1; ++b) {
+        if (copy) tile_x_block(src + 32 * b, xs, mt, scaled, xt + m0 * k + 32 * b * mt);
+        if (a.qtype != kQ8_0) block_sums(src + 32 * b, xs, mt, st + m0 * nb + b * mt);
+      }
     }
-  }
+  });
   const PackedF32X xf{copy ? xt : x, st, k};
 
   const int64_t gb = gguf_packed_group_bytes(a.qtype, k);
