@@ -78,6 +78,14 @@ class Platform:
     def synchronize(self, index: int = 0) -> None:
         """Wait for all queued work on the device."""
 
+    def empty_kv_caches(self, count: int, shape: tuple[int, ...], dtype: torch.dtype,
+                        device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``count`` (key, value) pairs of uninitialized KV cache tensors of ``shape`` (one pair per layer). The
+        engine never reads a slot it has not written, so no fill is needed; a platform may back the memory
+        ahead of use (the cpu platform does, platforms/cpu/kv_cache.py)."""
+        return [(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
+                for _ in range(count)]
+
     def capture_graph(self, fn, pool=None):
         """Capture the device work of ``fn()`` once, to replay it later without the host launching each kernel.
 

@@ -111,7 +111,7 @@ class LLM:
         if budget is not None:
             check_kv_fits(num_kv_blocks, block_size, self.config, dtype, budget, weights_bytes, str(device))
         self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
-        self.runner = ModelRunner(self.model, num_kv_blocks, block_size)
+        self.runner = ModelRunner(self.model, num_kv_blocks, block_size, self.platform)
         if self.platform.device_graphs and not enforce_eager:
             cap = self.platform.graph_max_batch
             self.runner.enable_graphs(self.platform, self.max_model_len,

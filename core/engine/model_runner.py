@@ -8,6 +8,7 @@ import torch
 
 from engine.core.models.batch import ForwardBatch
 from engine.core.models.decoder import DecoderModel
+from engine.core.platform import Platform
 
 from .decode_graphs import DecodeGraphs
 from .sequence import Sequence
@@ -17,14 +18,13 @@ class ModelRunner:
     """``run(scheduled)`` computes a step. With ``enable_graphs(...)`` pure decode steps replay captured device
     graphs (decode_graphs.py); prefill and mixed steps always run eagerly."""
 
-    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int):
+    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, platform: Platform | None = None):
         cfg = model.cfg
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
         self.graphs: DecodeGraphs | None = None
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         # Fresh caches hold garbage until written; attention never reads past seq_lens, so no zero-fill is needed.
-        self.kv_caches = [(torch.empty(shape, dtype=model.dtype, device=model.device),
-                           torch.empty(shape, dtype=model.dtype, device=model.device)) for _ in range(cfg.num_layers)]
+        self.kv_caches = (platform or Platform()).empty_kv_caches(cfg.num_layers, shape, model.dtype, model.device)
 
     def _host_batch(self, scheduled: list[tuple[Sequence, int]], pad_tables: bool = True,
                     drafts: dict[int, list[int]] | None = None):

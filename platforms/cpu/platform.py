@@ -8,7 +8,7 @@ import torch
 
 from engine.core.platform import Platform
 
-from . import config, cpu_model_name, probe, read_cpuinfo
+from . import config, cpu_model_name, kv_cache, probe, read_cpuinfo
 
 
 class CpuPlatform(Platform):
@@ -75,6 +75,9 @@ class CpuPlatform(Platform):
         out["native_int8_dot"] = _native.gguf_q8act_variant()
         out["native_threads"] = f"{_native.num_threads()} (ENGINE_NUM_THREADS sets it)"
         return out
+
+    def empty_kv_caches(self, count, shape, dtype, device):
+        return kv_cache.empty_kv_caches(count, shape, dtype)
 
     def capture_graph(self, fn, pool=None):
         """Record ``fn()``'s native kernel calls (and the torch work between them) to replay (graph.py). ``fn``
