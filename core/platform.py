@@ -86,6 +86,11 @@ class Platform:
         return [(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
                 for _ in range(count)]
 
+    def kv_blocks_reached(self, caches: list[tuple[torch.Tensor, torch.Tensor]], blocks: int) -> None:
+        """The engine is about to write KV blocks below ``blocks`` (of caches from ``empty_kv_caches``; it hands
+        blocks out lowest first, so this grows with use). A platform may prepare the memory beyond (the cpu
+        platform backs its pages ahead); the default does nothing. Called every step: keep it cheap."""
+
     def capture_graph(self, fn, pool=None):
         """Capture the device work of ``fn()`` once, to replay it later without the host launching each kernel.
 

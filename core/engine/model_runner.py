@@ -24,7 +24,9 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         # Fresh caches hold garbage until written; attention never reads past seq_lens, so no zero-fill is needed.
-        self.kv_caches = (platform or Platform()).empty_kv_caches(cfg.num_layers, shape, model.dtype, model.device)
+        self.platform = platform or Platform()
+        self.kv_caches = self.platform.empty_kv_caches(cfg.num_layers, shape, model.dtype, model.device)
+        self._blocks_reached = 0
 
     def _host_batch(self, scheduled: list[tuple[Sequence, int]], pad_tables: bool = True,
                     drafts: dict[int, list[int]] | None = None):
@@ -56,6 +58,10 @@ class ModelRunner:
             tables = [s.block_table + [0] * (width - len(s.block_table)) for s, _ in scheduled]
         else:
             tables = [s.block_table for s, _ in scheduled]
+        reached = max(slots, default=-1) // bs + 1
+        if reached > self._blocks_reached:
+            self._blocks_reached = reached
+            self.platform.kv_blocks_reached(self.kv_caches, reached)
         return ids, positions, slots, cu, seq_lens, tables, logits_rows, sampled
 
     def build_batch(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, list[int]] | None = None

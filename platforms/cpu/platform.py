@@ -79,6 +79,9 @@ class CpuPlatform(Platform):
     def empty_kv_caches(self, count, shape, dtype, device):
         return kv_cache.empty_kv_caches(count, shape, dtype)
 
+    def kv_blocks_reached(self, caches, blocks):
+        kv_cache.blocks_reached(caches, blocks)
+
     def capture_graph(self, fn, pool=None):
         """Record ``fn()``'s native kernel calls (and the torch work between them) to replay (graph.py). ``fn``
         runs for real; no memory pool (the recorded intermediates are kept alive by the replay)."""

@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import torch
 
 from engine.core.engine.model_runner import ModelRunner
+from engine.core.engine.sampling_params import SamplingParams
+from engine.core.engine.sequence import Sequence
 from engine.core.platform import Platform
 
 
@@ -37,3 +39,26 @@ def test_runner_asks_its_platform():
     runner = ModelRunner(model(layers=2), num_blocks=7, block_size=16, platform=Recording())
     assert calls == [(2, (7, 16, 2, 8), torch.float32, torch.device("cpu"))]
     assert [p[0].shape for p in runner.kv_caches] == [(7, 16, 2, 8)] * 2
+
+
+def test_runner_reports_the_highest_block_a_step_writes():
+    reached = []
+
+    class Recording(Platform):
+        name = "recording"
+
+        def kv_blocks_reached(self, caches, blocks):
+            reached.append(blocks)
+
+    runner = ModelRunner(model(), num_blocks=20, block_size=4, platform=Recording())
+    a, b = Sequence(list(range(9)), SamplingParams()), Sequence(list(range(4)), SamplingParams())
+    a.block_table, b.block_table = [7, 2], [11]
+    runner._host_batch([(a, 6), (b, 3)])  # slots up to block 11's
+    assert reached == [12]
+    a.num_computed_tokens, b.num_computed_tokens = 6, 3
+    runner._host_batch([(a, 0), (b, 0)])  # no slot: nothing new
+    runner._host_batch([(b, 1)])  # block 11 again: nothing new
+    assert reached == [12]
+    a.block_table.append(15)
+    runner._host_batch([(a, 3)])  # positions 6..8: blocks 2 and 15
+    assert reached == [12, 16]
