@@ -295,7 +295,7 @@ const char* gguf_packed_f32_variant() {
 
 void gguf_linear_packed(const GgufLinearArgs& a, const uint8_t* packed) {
   GgufPackedF32Kernels kern;
-  if (!have_packed_f32_kernels(&kern) || a.m > kern.max_m) return gguf_linear(a);
+  if (!have_packed_f32_kernels(&kern) || (a.m > kern.max_m && a.m < kern.dense_from)) return gguf_linear(a);
   check_gguf_linear_args(a, "gguf_linear_packed");
   if (a.m == 0 || a.n == 0) return;  // before the null check: an empty weight's copy may have no address
   if (packed == nullptr) throw std::invalid_argument("gguf_linear_packed: packed is null");
@@ -305,12 +305,16 @@ void gguf_linear_packed(const GgufLinearArgs& a, const uint8_t* packed) {
   // a nibble table, Q4_0's -8 offset).
   // Where the tile reads Q4 nibbles in place (nib_scaled), x's element e of a block is scaled by 2^(-4t) (exact
   // but for |x| < 2^-102, whose scaled value is subnormal).
-  const bool scaled = kern.nib_scaled && a.qtype != kQ8_0;
+  // From kern.dense_from rows of x each group's weights are decoded once to fp32, then run through plain fp32
+  // tiles (decode_group / dense_tile); below, the tile decodes in its loop, each decoded vector serving max_mt rows.
+  const bool dense = m >= kern.dense_from;
+  const int tile_rows = dense ? kern.dense_mt : kern.max_mt;
+  const bool scaled = kern.nib_scaled && a.qtype != kQ8_0 && !dense;
   thread_local std::vector<float> xbuf, sbuf, wide;
   float* xt = aligned64(xbuf, static_cast<size_t>(m * k));
   float* st = aligned64(sbuf, static_cast<size_t>(m * nb));
   // One fp32 row unscaled is its own tile: no copy (a decode step's calls are a few microseconds each).
-  const bool copy = m > 1 || a.dtype != DType::F32 || scaled;
+  const bool copy = m > 1 || a.dtype != DType::F32 || scaled || dense;
   const float* x = static_cast<const float*>(a.x);
   int64_t xs = a.x_stride;
   if (a.dtype == DType::BF16) {
@@ -324,18 +328,32 @@ void gguf_linear_packed(const GgufLinearArgs& a, const uint8_t* packed) {
   }
   // Threads split the blocks once a share is worth waking a worker for (~8K values).
   parallel_for(nb, std::max<int64_t>(1, 256 / m), [&](int64_t b0, int64_t b1) {
-    for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {
-      const int mt = static_cast<int>(std::min<int64_t>(kern.max_mt, m - m0));
+    for (int64_t m0 = 0; m0 < m; m0 += tile_rows) {
+      const int mt = static_cast<int>(std::min<int64_t>(tile_rows, m - m0));
       const float* src = x + m0 * xs;
       for (int64_t b = b0; b < b1; ++b) {
         if (copy) tile_x_block(src + 32 * b, xs, mt, scaled, xt + m0 * k + 32 * b * mt);
-        if (a.qtype != kQ8_0) block_sums(src + 32 * b, xs, mt, st + m0 * nb + b * mt);
+        if (a.qtype != kQ8_0 && !dense) block_sums(src + 32 * b, xs, mt, st + m0 * nb + b * mt);
       }
     }
   });
   const PackedF32X xf{copy ? xt : x, st, k};
 
   const int64_t gb = gguf_packed_group_bytes(a.qtype, k);
+  if (dense) {
+    for_group_runs(a, gb, [&](int64_t g, int64_t n0, int rows) {
+      thread_local std::vector<float> wbuf;
+      float* w = aligned64(wbuf, static_cast<size_t>(k * kPackRows));
+      kern.decode_group(a.qtype, packed + g * gb, nb, w);
+      alignas(64) float tile[kPackedF32MaxTileRows * kPackRows];
+      for (int64_t m0 = 0; m0 < m; m0 += tile_rows) {
+        const int mt = static_cast<int>(std::min<int64_t>(tile_rows, m - m0));
+        kern.dense_tile(w, k, xt + m0 * k, mt, tile);
+        store_y_tile(a, tile, kPackRows, m0, mt, n0, rows);
+      }
+    });
+    return;
+  }
   for_group_runs(a, gb, [&](int64_t g, int64_t n0, int rows) {
     alignas(64) float tile[kPackedF32MaxTileRows * kPackRows];
     for (int64_t m0 = 0; m0 < m; m0 += kern.max_mt) {

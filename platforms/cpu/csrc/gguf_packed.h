@@ -106,13 +106,20 @@ struct PackedF32X {
 // the group at g. Where
 // nib_scaled, a Q4 tile reads element e of x times 2^(-4t), t = its nibble's position in the packed int32 lane
 // (e < 16: 2 (e % 4), else 2 (e % 4) + 1; none for t = 7); the block sums stay those of x. Above max_m rows of x
-// the driver runs gguf_linear on the raw rows (measured per ISA).
+// (and below dense_from) the driver runs gguf_linear on the raw rows (measured per ISA).
 constexpr int kPackedF32MaxTileRows = 16;
 struct GgufPackedF32Kernels {
   int max_mt;
   bool nib_scaled;
   int64_t max_m;
   void (*tile)(int qtype, const uint8_t* g, const PackedF32X& x, int64_t x0, int mt, float* out);
+  // The decode-once path, from dense_from rows of x (where it is measured faster; none: 2^62): decode_group
+  // writes the group's weights as fp32 (w = q d + m) to buf [k][16]; dense_tile: out[i * 16 + r] = row i of the
+  // x tile ([k][mt] at xt, unscaled, mt <= dense_mt) . buf's row r.
+  int64_t dense_from;
+  int dense_mt;
+  void (*decode_group)(int qtype, const uint8_t* g, int64_t nb, float* buf);
+  void (*dense_tile)(const float* buf, int64_t k, const float* xt, int mt, float* out);
 };
 
 GgufPackedF32Kernels gguf_packed_f32_kernels_scalar();

@@ -32,6 +32,11 @@ constexpr int kF32TileRows = V::W == 16 ? 12 : V::W == 8 ? 5 : 4;
 // fewer instructions per FMA, yet 4-12% slower at M = 16..64 on Zen 5, so not kept.)
 // Rows of x up to which the AVX2 tile runs (gguf_linear's raw-row kernel above; measured on Zen 5).
 constexpr int64_t kF32Avx2MaxM = 8;
+// Rows of x from which AVX2 decodes each group once (the decode-once path below). A decode layer's linears
+// against the raw-row kernel, 2-core Zen 5 forced to AVX2, 2026-12-01: 3.5% faster at M = 12, 12-14% at M = 16
+// and 32; 1.4-1.7x slower at M = 4 and 8. On AVX-512 the decode-once path was 25-50% slower than the tile at
+// M = 16 and 32 (its embedded-broadcast FMAs leave the tile's in-loop decode nearly free), so it has none.
+constexpr int64_t kF32Avx2DenseFrom = 12;
 // Independent block-sum chains per row of x: FMA latency x throughput wants ~8 chains in flight (AVX-512 has the
 // registers for 8 chains up to MT = 4).
 template <class V, int MT>
@@ -145,12 +150,108 @@ ENGINE_VEC_FN void f32_tile_impl(int qtype, const uint8_t* g, const PackedF32X& 
   with_qtype(qtype, [&](auto q) { f32_tile_rows<V, decltype(q)::value, kF32TileRows<V>>(mt, g, x, x0, out); });
 }
 
+// The decode-once path (many rows of x): a group's weights are decoded to fp32 once, w = q d + m as the reference
+// dequantizes them, into buf [k][16] (element c of the 16 rows at buf + 16 c), and every tile of x then runs a
+// plain fp32 microkernel on them: a weight load and DT FMAs per 16 x W values, no decode in the loop.
+template <class V, int kQ>
+ENGINE_VEC_FN void f32_decode_group_t(const uint8_t* g, int64_t nb, float* buf) {
+  using F = typename V::F;
+  using I = typename V::I;
+  constexpr int W = V::W, H = kPackRows / W, C = kQ == kQ8_0 ? 8 : 4, T = kQ == kQ8_0 ? 4 : 8;
+  constexpr int QB = gguf_packed_quant_bytes(kQ), PB = gguf_packed_pair_bytes(kQ);
+  const F table = V::nib_table(kQ == kQ4_0 ? -8.0f : 0.0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = g + b / 2 * PB + b % 2 * QB;
+    const uint16_t* sd = reinterpret_cast<const uint16_t*>(g + b / 2 * PB + 2 * QB) + b % 2 * kPackRows;
+    float* out = buf + 32 * kPackRows * b;
+    #pragma GCC unroll 4
+    for (int h = 0; h < H; ++h) {
+      const F d = V::load_fp16(sd + W * h);
+      // Q4_1's minimum; Q4_0 without a table: -8 d (its nibble is u, not u - 8).
+      const F lo = kQ == kQ4_1 ? V::load_fp16(sd + 2 * kPackRows + W * h)
+                   : kQ == kQ4_0 && !V::kNibTable ? V::mul(d, V::set1(-8.0f)) : V::zero();
+      #pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        const I v = V::load_i(p + 64 * c + 4 * W * h);
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          const int e = kQ == kQ8_0 ? 4 * c + t : 4 * c + t / 2 + 16 * (t % 2);
+          F w;
+          if constexpr (kQ == kQ8_0) {
+            w = V::mul(V::s8_f32(v, t), d);
+          } else {
+            const float sc = V::kNibScaled && t < 7 ? 1.0f / float(1 << (4 * t)) : 1.0f;  // exact powers of 2
+            const F q = V::nib_f32(v, t, table);
+            w = kQ == kQ4_0 && V::kNibTable ? V::mul(q, d) : V::fma(q, sc == 1.0f ? d : V::mul(d, V::set1(sc)), lo);
+          }
+          V::store(out + kPackRows * e + W * h, w);
+        }
+      }
+    }
+  }
+}
+
+// Rows of x per decode-once tile: MT x 16 / W accumulators beside 16 / W weight vectors and a broadcast.
+template <class V>
+constexpr int kDenseTileRows = V::W == 16 ? 16 : V::W == 8 ? 6 : 4;
+
+template <class V, int MT>
+ENGINE_VEC_FN void f32_dense_tile_t(const float* buf, int64_t k, const float* xt, float* out) {
+  using F = typename V::F;
+  constexpr int W = V::W, H = kPackRows / W;
+  F acc[H][MT];
+  #pragma GCC unroll 4
+  for (int h = 0; h < H; ++h)
+    #pragma GCC unroll 32
+    for (int i = 0; i < MT; ++i) acc[h][i] = V::zero();
+  for (int64_t c = 0; c < k; ++c) {
+    F w[H];
+    #pragma GCC unroll 4
+    for (int h = 0; h < H; ++h) w[h] = V::load(buf + kPackRows * c + W * h);
+    #pragma GCC unroll 32
+    for (int i = 0; i < MT; ++i) {
+      const F xv = V::set1(xt[c * MT + i]);
+      #pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) acc[h][i] = V::fma(w[h], xv, acc[h][i]);
+    }
+  }
+  #pragma GCC unroll 4
+  for (int h = 0; h < H; ++h)
+    #pragma GCC unroll 32
+    for (int i = 0; i < MT; ++i) V::store(out + i * kPackRows + W * h, acc[h][i]);
+}
+
+template <class V, int MT>
+ENGINE_VEC_FN inline void f32_dense_rows(int mt, const float* buf, int64_t k, const float* xt, float* out) {
+  if constexpr (MT > 1) {
+    if (mt < MT) return f32_dense_rows<V, MT - 1>(mt, buf, k, xt, out);
+  }
+  f32_dense_tile_t<V, MT>(buf, k, xt, out);
+}
+
+template <class V>
+ENGINE_VEC_FN void f32_decode_group_impl(int qtype, const uint8_t* g, int64_t nb, float* buf) {
+  with_qtype(qtype, [&](auto q) { f32_decode_group_t<V, decltype(q)::value>(g, nb, buf); });
+}
+
+template <class V>
+ENGINE_VEC_FN void f32_dense_tile_impl(const float* buf, int64_t k, const float* xt, int mt, float* out) {
+  f32_dense_rows<V, kDenseTileRows<V>>(mt, buf, k, xt, out);
+}
+
 template <class V>
 GgufPackedF32Kernels packed_f32_kernels() {
   static_assert(kF32TileRows<V> <= kPackedF32MaxTileRows, "the driver's tile buffer holds kPackedF32MaxTileRows rows");
   // AVX2 beats the raw-row kernel (gguf_linear.h's 4-row panels, x loads shared by 4 FMAs) only at small M:
   // without embedded broadcasts each x value costs a broadcast per FMA here.
-  return {kF32TileRows<V>, V::kNibScaled, V::W == 8 ? kF32Avx2MaxM : int64_t{1} << 30, f32_tile_impl<V>};
+  GgufPackedF32Kernels k{kF32TileRows<V>, V::kNibScaled, V::W == 8 ? kF32Avx2MaxM : int64_t{1} << 30,
+                         f32_tile_impl<V>, int64_t{1} << 62, kDenseTileRows<V>, nullptr, nullptr};
+  if constexpr (V::W == 8) {
+    k.dense_from = kF32Avx2DenseFrom;
+    k.decode_group = f32_decode_group_impl<V>;
+    k.dense_tile = f32_dense_tile_impl<V>;
+  }
+  return k;
 }
 
 }  // namespace
