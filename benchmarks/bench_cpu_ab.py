@@ -15,7 +15,7 @@ import sys
 
 # Loads the given .so as engine.platforms.cpu._native before the benchmark imports it.
 _PRELOAD = """
-import importlib.util, runpy, sys
+import importlib.util, os, runpy, sys
 import engine.platforms.cpu as pkg
 spec = importlib.util.spec_from_file_location("engine.platforms.cpu._native", sys.argv[1])
 mod = importlib.util.module_from_spec(spec)
@@ -23,6 +23,7 @@ spec.loader.exec_module(mod)
 sys.modules["engine.platforms.cpu._native"] = mod
 pkg._native = mod
 script = sys.argv[2]
+sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script` would: its sibling modules
 sys.argv = sys.argv[2:]
 runpy.run_path(script, run_name="__main__")
 """
