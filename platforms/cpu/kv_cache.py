@@ -70,7 +70,8 @@ class _Populator:
         self.target = min(_LEAD_BYTES, self.size)
         self.cv = threading.Condition()
         self.stopped = False
-        threading.Thread(target=self._run, name="engine-kv-populate", daemon=True).start()
+        self.thread = threading.Thread(target=self._run, name="engine-kv-populate", daemon=True)
+        self.thread.start()
 
     def reach(self, target: int) -> None:
         target = min(target, self.size)
