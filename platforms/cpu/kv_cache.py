@@ -4,8 +4,8 @@ A fresh ``torch.empty`` tensor is address space only: the first write to each 4 
 which zeroes a page for it. A decode step of 32 sequences writes ~1.5 MB of new KV, and its KV writes took 0.9-1.2
 ms a step instead of 0.43, 3-5% of the step (2-core Zen 5 VM, 2026-12-01). Zeroing the whole cache up front (as
 llama.cpp clears its KV buffer) adds ~0.2 s per GB to start-up and commits all of it; backing all of it in the
-background made a short single-stream generation 40% slower (the thread competes for the cores) and committed
-900 MB more. So one low-priority thread per cache asks the kernel to back the pages (Linux
+background slowed a short single-stream generation (0.22-0.33 s to 0.35-0.43 s in two pairs: the thread competes for
+the cores) and committed 900 MB more. So one low-priority thread per cache asks the kernel to back the pages (Linux
 ``MADV_POPULATE_WRITE``: it never changes what a page holds, so the engine may write meanwhile) only up to
 ``_LEAD_BYTES`` of every layer's tensors beyond the highest block the engine has reached (the block manager hands
 blocks out lowest first)."""

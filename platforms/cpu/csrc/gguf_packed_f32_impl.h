@@ -152,7 +152,8 @@ ENGINE_VEC_FN void f32_tile_impl(int qtype, const uint8_t* g, const PackedF32X& 
 
 // The decode-once path (many rows of x): a group's weights are decoded to fp32 once, w = q d + m as the reference
 // dequantizes them, into buf [k][16] (element c of the 16 rows at buf + 16 c), and every tile of x then runs a
-// plain fp32 microkernel on them: a weight load and DT FMAs per 16 x W values, no decode in the loop.
+// plain fp32 microkernel on them: per element of k, 16 / W weight loads and MT broadcasts feed MT x 16 / W FMAs,
+// with no decode in the loop. Only AVX2 uses it (kF32Avx2DenseFrom).
 template <class V, int kQ>
 ENGINE_VEC_FN void f32_decode_group_t(const uint8_t* g, int64_t nb, float* buf) {
   using F = typename V::F;
@@ -191,9 +192,8 @@ ENGINE_VEC_FN void f32_decode_group_t(const uint8_t* g, int64_t nb, float* buf) 
   }
 }
 
-// Rows of x per decode-once tile: MT x 16 / W accumulators beside 16 / W weight vectors and a broadcast.
-template <class V>
-constexpr int kDenseTileRows = V::W == 16 ? 16 : V::W == 8 ? 6 : 4;
+// Rows of x per AVX2 decode-once tile: 6 x 2 accumulators beside 2 weight vectors and a broadcast (16 registers).
+constexpr int kF32Avx2DenseRows = 6;
 
 template <class V, int MT>
 ENGINE_VEC_FN void f32_dense_tile_t(const float* buf, int64_t k, const float* xt, float* out) {
@@ -236,18 +236,20 @@ ENGINE_VEC_FN void f32_decode_group_impl(int qtype, const uint8_t* g, int64_t nb
 
 template <class V>
 ENGINE_VEC_FN void f32_dense_tile_impl(const float* buf, int64_t k, const float* xt, int mt, float* out) {
-  f32_dense_rows<V, kDenseTileRows<V>>(mt, buf, k, xt, out);
+  f32_dense_rows<V, kF32Avx2DenseRows>(mt, buf, k, xt, out);
 }
 
 template <class V>
 GgufPackedF32Kernels packed_f32_kernels() {
-  static_assert(kF32TileRows<V> <= kPackedF32MaxTileRows, "the driver's tile buffer holds kPackedF32MaxTileRows rows");
+  static_assert(kF32TileRows<V> <= kPackedF32MaxTileRows && kF32Avx2DenseRows <= kPackedF32MaxTileRows,
+                "the driver's tile buffer holds kPackedF32MaxTileRows rows");
   // AVX2 beats the raw-row kernel (gguf_linear.h's 4-row panels, x loads shared by 4 FMAs) only at small M:
   // without embedded broadcasts each x value costs a broadcast per FMA here.
   GgufPackedF32Kernels k{kF32TileRows<V>, V::kNibScaled, V::W == 8 ? kF32Avx2MaxM : int64_t{1} << 30,
-                         f32_tile_impl<V>, int64_t{1} << 62, kDenseTileRows<V>, nullptr, nullptr};
+                         f32_tile_impl<V>, int64_t{1} << 62, 0, nullptr, nullptr};
   if constexpr (V::W == 8) {
     k.dense_from = kF32Avx2DenseFrom;
+    k.dense_mt = kF32Avx2DenseRows;
     k.decode_group = f32_decode_group_impl<V>;
     k.dense_tile = f32_dense_tile_impl<V>;
   }
