@@ -9,6 +9,7 @@
 #include <string>
 
 #include "paged_attention.h"
+#include "native_program.h"
 
 namespace py = pybind11;
 using namespace engine_cpu;
@@ -27,7 +28,7 @@ namespace engine_cpu {
 void bind_attention(py::module_& m) {
   m.def(
       "paged_attention",
-      [](std::uintptr_t q, int64_t tokens, int64_t hq, int64_t head_dim, std::uintptr_t k_cache,
+      recordable([](std::uintptr_t q, int64_t tokens, int64_t hq, int64_t head_dim, std::uintptr_t k_cache,
          std::uintptr_t v_cache, int64_t num_blocks, int64_t v_num_blocks, int64_t block_size, int64_t hk,
          std::uintptr_t block_tables, int64_t bt_rows, int64_t max_blocks, int64_t bt_stride0, int64_t bt_stride1,
          std::uintptr_t seq_lens, int64_t num_seqs, std::uintptr_t cu_seqlens_q, int64_t cu_len, std::uintptr_t out,
@@ -56,7 +57,7 @@ void bind_attention(py::module_& m) {
         a.scale = scale;
         a.dtype = dtype_from_code(dtype, true);
         paged_attention(a);
-      },
+      }),
       py::arg("q"), py::arg("tokens"), py::arg("hq"), py::arg("head_dim"), py::arg("k_cache"), py::arg("v_cache"),
       py::arg("num_blocks"), py::arg("v_num_blocks"), py::arg("block_size"), py::arg("hk"), py::arg("block_tables"),
       py::arg("bt_rows"), py::arg("max_blocks"), py::arg("bt_stride0"), py::arg("bt_stride1"), py::arg("seq_lens"),
@@ -67,13 +68,14 @@ void bind_attention(py::module_& m) {
 
   m.def(
       "write_kv_cache",
-      [](std::uintptr_t key, int64_t tokens, std::uintptr_t value, int64_t value_tokens, std::uintptr_t k_cache,
+      recordable([](std::uintptr_t key, int64_t tokens, std::uintptr_t value, int64_t value_tokens,
+         std::uintptr_t k_cache,
          std::uintptr_t v_cache, int64_t num_slots, int64_t v_num_slots, std::uintptr_t slots, int64_t slot_tokens,
          int64_t row_bytes) {
         write_kv_cache({as<const void>(key), as<const void>(value), as<void>(k_cache), as<void>(v_cache),
                         as<const int64_t>(slots), tokens, value_tokens, slot_tokens, row_bytes, num_slots,
                         v_num_slots});
-      },
+      }),
       py::arg("key"), py::arg("tokens"), py::arg("value"), py::arg("value_tokens"), py::arg("k_cache"),
       py::arg("v_cache"), py::arg("num_slots"), py::arg("v_num_slots"), py::arg("slots"), py::arg("slot_tokens"),
       py::arg("row_bytes"), py::call_guard<py::gil_scoped_release>(),

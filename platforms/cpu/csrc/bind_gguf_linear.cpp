@@ -6,6 +6,7 @@
 #include "gguf_linear.h"
 #include "gguf_packed.h"
 #include "gguf_q8act.h"
+#include "native_program.h"
 
 namespace py = pybind11;
 
@@ -32,20 +33,21 @@ void def_gguf_linear(py::module_& m, const char* name, const char* doc) {
   if constexpr (kPacked) {
     m.def(
         name,
-        [args](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w,
-               int64_t w_stride, int64_t n, std::uintptr_t y, int64_t y_stride, int dtype, std::uintptr_t packed) {
+        recordable([args](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w,
+                          int64_t w_stride, int64_t n, std::uintptr_t y, int64_t y_stride, int dtype,
+                          std::uintptr_t packed) {
           Call(args(qtype, x, x_stride, rows, k, w, w_stride, n, y, y_stride, dtype), packed);
-        },
+        }),
         py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
         py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"), py::arg("packed"),
         py::call_guard<py::gil_scoped_release>(), doc);
   } else {
     m.def(
         name,
-        [args](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w,
-               int64_t w_stride, int64_t n, std::uintptr_t y, int64_t y_stride, int dtype) {
+        recordable([args](int qtype, std::uintptr_t x, int64_t x_stride, int64_t rows, int64_t k, std::uintptr_t w,
+                          int64_t w_stride, int64_t n, std::uintptr_t y, int64_t y_stride, int dtype) {
           Call(args(qtype, x, x_stride, rows, k, w, w_stride, n, y, y_stride, dtype), 0);
-        },
+        }),
         py::arg("qtype"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"), py::arg("w"),
         py::arg("w_stride"), py::arg("n"), py::arg("y"), py::arg("y_stride"), py::arg("dtype"),
         py::call_guard<py::gil_scoped_release>(), doc);

@@ -12,6 +12,7 @@
 #include "isa.h"
 #include "rms_norm.h"
 #include "thread_pool.h"
+#include "native_program.h"
 
 namespace py = pybind11;
 using namespace engine_cpu;
@@ -22,6 +23,7 @@ void bind_attention(py::module_& m);  // bind_attention.cpp
 void bind_small_ops(py::module_& m);  // bind_small_ops.cpp
 void bind_moe(py::module_& m);  // bind_moe.cpp
 void bind_fp16(py::module_& m);  // bind_fp16.cpp
+void bind_native_program(py::module_& m);  // native_program.cpp
 }  // namespace engine_cpu
 
 namespace {
@@ -59,35 +61,35 @@ PYBIND11_MODULE(_native, m) {
 
   m.def(
       "gguf_dequant",
-      [](int qtype, std::uintptr_t src, int64_t src_stride, int64_t rows, int64_t cols, std::uintptr_t dst,
+      recordable([](int qtype, std::uintptr_t src, int64_t src_stride, int64_t rows, int64_t cols, std::uintptr_t dst,
          int64_t dst_stride, int dtype) {
         gguf_dequant({qtype, ptr<const uint8_t>(src), src_stride, rows, cols, ptr<void>(dst), dst_stride,
                       dtype_from_code(dtype, true)});
-      },
+      }),
       py::arg("qtype"), py::arg("src"), py::arg("src_stride"), py::arg("rows"), py::arg("cols"), py::arg("dst"),
       py::arg("dst_stride"), py::arg("dtype"), py::call_guard<py::gil_scoped_release>(),
       "GGUF Q4_0/Q4_1/Q8_0 rows (src_stride bytes apart) -> dst rows (dst_stride elements apart).");
 
   m.def(
       "rms_norm",
-      [](std::uintptr_t x, int64_t x_stride, std::uintptr_t w, std::uintptr_t out, int64_t out_stride,
+      recordable([](std::uintptr_t x, int64_t x_stride, std::uintptr_t w, std::uintptr_t out, int64_t out_stride,
          int64_t rows, int64_t hidden, float eps, int dtype) {
         rms_norm({ptr<const void>(x), x_stride, nullptr, 0, ptr<const void>(w), ptr<void>(out), out_stride,
                   nullptr, 0, rows, hidden, eps, dtype_from_code(dtype, true)});
-      },
+      }),
       py::arg("x"), py::arg("x_stride"), py::arg("w"), py::arg("out"), py::arg("out_stride"), py::arg("rows"),
       py::arg("hidden"), py::arg("eps"), py::arg("dtype"), py::call_guard<py::gil_scoped_release>(),
       "out = x / sqrt(mean(x^2) + eps) * w per row; strides in elements.");
 
   m.def(
       "fused_add_rms_norm",
-      [](std::uintptr_t x, int64_t x_stride, std::uintptr_t res, int64_t res_stride, std::uintptr_t w,
+      recordable([](std::uintptr_t x, int64_t x_stride, std::uintptr_t res, int64_t res_stride, std::uintptr_t w,
          std::uintptr_t out, int64_t out_stride, std::uintptr_t sum_out, int64_t sum_stride, int64_t rows,
          int64_t hidden, float eps, int dtype) {
         rms_norm({ptr<const void>(x), x_stride, ptr<const void>(res), res_stride, ptr<const void>(w),
                   ptr<void>(out), out_stride, ptr<void>(sum_out), sum_stride, rows, hidden, eps,
                   dtype_from_code(dtype, true)});
-      },
+      }),
       py::arg("x"), py::arg("x_stride"), py::arg("residual"), py::arg("residual_stride"), py::arg("w"),
       py::arg("out"), py::arg("out_stride"), py::arg("sum_out"), py::arg("sum_stride"), py::arg("rows"),
       py::arg("hidden"), py::arg("eps"), py::arg("dtype"), py::call_guard<py::gil_scoped_release>(),
@@ -98,4 +100,5 @@ PYBIND11_MODULE(_native, m) {
   bind_small_ops(m);
   bind_moe(m);
   bind_fp16(m);
+  bind_native_program(m);
 }

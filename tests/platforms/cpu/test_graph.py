@@ -4,6 +4,8 @@ and leaves the native module as it was."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -36,6 +38,7 @@ def test_replay_on_new_inputs_equals_a_fresh_run(rows):
     with torch.inference_mode():
         replay, out = capture(step)
         assert replay.num_calls >= 6  # 5 native calls and the torch work
+        assert replay.num_native == 5  # all five run by the native loop
         for _ in range(3):
             ids.copy_(torch.randint(0, 50, (rows,), generator=gen))
             replay()
@@ -74,3 +77,57 @@ def test_views_and_allocations_are_not_replayed_but_copies_are():
     x.copy_(src + 1)
     replay()
     assert torch.equal(c, x.t()) and torch.equal(v, x.view(48))
+
+
+def test_a_wrapped_kernel_replays_through_its_wrapper():
+    """A profiler that wraps a kernel function (benchmarks/bench_cpu_vs_llamacpp.py times each call) still sees
+    every replayed call: only the module's own functions replay in the native loop."""
+    x, w = torch.randn(3, 2 * 16), torch.rand(16) + 0.5
+    seen = []
+    original = _native.silu_and_mul
+
+    def counted(*args):
+        seen.append(args)
+        return original(*args)
+
+    _native.silu_and_mul = counted
+    try:
+        with torch.inference_mode():
+            replay, out = capture(lambda: _rms_norm(_silu_and_mul(x), w, 1e-6))
+    finally:
+        _native.silu_and_mul = original
+    assert (replay.num_calls, replay.num_native, len(seen)) == (2, 1, 1)
+    x.copy_(torch.randn(3, 32))
+    replay()
+    assert len(seen) == 2
+    with torch.inference_mode():
+        assert torch.equal(out, _rms_norm(_silu_and_mul(x), w, 1e-6))
+
+
+def test_native_recording_is_per_thread_and_checked():
+    x, out = torch.randn(2, 32), torch.empty(2, 16)
+
+    def silu():
+        _native.silu_and_mul(x.data_ptr(), 32, out.data_ptr(), 16, 2, 16, _native.DTYPE_F32)
+
+    with pytest.raises(RuntimeError, match="not recording"):
+        _native._record_stop()
+    _native._record_start()
+    try:
+        with pytest.raises(RuntimeError, match="already recording"):
+            _native._record_start()
+        worker = threading.Thread(target=silu)  # another thread's kernels are not this recording's
+        worker.start()
+        worker.join()
+        assert _native._record_count() == 0
+        silu()
+        silu()
+        assert _native._record_count() == 2
+    finally:
+        program = _native._record_stop()
+    assert len(program) == 2 and _native._record_count() == 0
+    x.copy_(torch.randn(2, 32))
+    program.run(1, 2)
+    assert torch.allclose(out, torch.nn.functional.silu(x[:, :16]) * x[:, 16:], rtol=1e-5, atol=1e-6)
+    with pytest.raises(IndexError, match="not within its 2"):
+        program.run(1, 3)
