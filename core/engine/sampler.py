@@ -55,6 +55,11 @@ class Sampler:
     def sample_with_logprobs(self, logits: torch.Tensor, seqs: list[Sequence]
                              ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """The sampled token ids as a host list and, per row, its TokenLogprobs (None for rows not asking)."""
+        if logits.is_cpu and logits.dtype == torch.float32 and logits.dim() == 2 and all(map(_plain_greedy, seqs)):
+            # The common CPU decode step, by the shortest path: it runs right after the model's weights streamed
+            # through the caches, so every Python and torch call here is a cold one (the general path took ~90 us
+            # a step against this one's ~40, single-stream SmolLM2 on a 2-core Zen 5).
+            return logits.numpy().argmax(axis=-1).tolist(), [None] * len(seqs)
         return self.sample_on_device(logits, seqs).to_host().result()
 
     def sample_on_device(self, logits: torch.Tensor, seqs: list[Sequence]) -> DeviceSample:
@@ -126,6 +131,12 @@ class DeviceSample:
         for j, (i, kk) in enumerate(zip(self.want, self.ks, strict=True)):
             out[i] = (chosen[j], rank[j], list(zip(top_i[j][:kk], top_v[j][:kk], strict=True)))
         return host, out
+
+
+def _plain_greedy(seq: Sequence) -> bool:
+    """Greedy, with nothing to apply to its logits and no logprobs to return: its token is the argmax."""
+    p = seq.params
+    return p.greedy and not p.has_penalties and not p.logits_processors and p.logprobs is None
 
 
 def _argmax(x: torch.Tensor) -> torch.Tensor:

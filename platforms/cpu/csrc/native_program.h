@@ -1,7 +1,8 @@
-// Recording kernel calls for replay without Python: a CPU graph (engine/platforms/cpu/graph.py) captures a decode
-// step by running it; every binding wrapped in recordable() also appends its call, arguments bound, to the
-// capturing thread's recording. NativeProgram::run then replays a range of those calls in one C++ loop with the
-// GIL released once, instead of one Python call (argument conversion, GIL release and reacquire) per kernel.
+// Recording kernel calls for replay without Python (bound in bind_native_program.cpp). A CPU graph
+// (engine/platforms/cpu/graph.py) captures a decode step by running it; every binding wrapped in recordable() also
+// appends its call, arguments bound, to the capturing thread's recording. _NativeProgram.run then replays a range
+// of those calls in one C++ loop with the GIL released once, instead of one Python call (argument conversion, GIL
+// release and reacquire) per kernel.
 #pragma once
 
 #include <functional>

@@ -158,9 +158,8 @@ def test_rejects_mismatched_batch():
         Sampler().sample(torch.randn(3, 10), _seqs(2))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_greedy_picks_torchs_argmax_with_ties_nan_and_inf(dtype):
-    """Greedy rows take the first maximum (host fp32 rows through numpy): ties, NaN and all -inf rows as torch."""
+def _hard_rows(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random logits whose rows hold a tie of four maxima, NaNs, all -inf, and +inf; and the columns used."""
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     x = torch.randn(6, 3000, generator=gen).to(dtype)
     cols = torch.randint(0, 3000, (6, 4), generator=gen)
@@ -168,7 +167,34 @@ def test_greedy_picks_torchs_argmax_with_ties_nan_and_inf(dtype):
     x[1, cols[1, :2]] = float("nan")
     x[2] = float("-inf")
     x[3, cols[3]] = float("inf")
+    return x, cols
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_picks_torchs_argmax_with_ties_nan_and_inf(dtype):
+    """Greedy rows take the first maximum (host fp32 rows through numpy): ties, NaN and all -inf rows as torch."""
+    x, cols = _hard_rows(dtype)
     with torch.inference_mode():
         got = Sampler().sample(x, _seqs(6, temperature=0.0))
     assert got.dtype == torch.int64 and torch.equal(got, x.argmax(dim=-1))
     assert got[0] == cols[0].min() and got[1] == cols[1, :2].min()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plain_greedy_host_path_agrees_with_the_general_one(dtype):
+    """sample_with_logprobs' short path (every row greedy with nothing to apply, fp32 on the host) returns what
+    the general path returns; a row asking for logprobs, or a penalty, takes the general path and gets them."""
+    x, _ = _hard_rows(dtype)
+    seqs = _seqs(6, temperature=0.0)
+    sampler = Sampler()
+    with torch.inference_mode():
+        tokens, lps = sampler.sample_with_logprobs(x, seqs)
+        general = sampler.sample_on_device(x, seqs).to_host().result()
+    assert (tokens, lps) == general and tokens == x.argmax(dim=-1).tolist() and lps == [None] * 6
+    assert all(isinstance(t, int) for t in tokens)
+    seqs[4] = Sequence([1], SamplingParams(temperature=0.0, logprobs=2))
+    seqs[5] = Sequence([1, 7], SamplingParams(temperature=0.0, repetition_penalty=1.5))
+    with torch.inference_mode():
+        tokens, lps = sampler.sample_with_logprobs(x, seqs)
+    assert tokens[:5] == x.argmax(dim=-1).tolist()[:5]
+    assert lps[4] is not None and len(lps[4][2]) == 2 and lps[5] is None
