@@ -15,9 +15,10 @@ the step (issue 11). ``capture(fn)`` runs ``fn()`` once, for real, while recordi
 ``replay()`` then re-runs the recorded calls in order on the same memory. The caller owns the inputs' memory (the
 decode graph's static buffers): write new inputs there, replay, read the outputs ``fn`` returned. Kernel calls the
 module also recorded natively (its ``recordable`` bindings, native_program.h) replay as runs of consecutive calls in
-one C++ loop each, with the GIL released once: a Python call per kernel cost ~0.3-0.5 us of argument conversion
-and GIL hand-over, ~0.1 ms of a ~3.5 ms single-stream decode step of ~270 calls. A call through anything but the
-module's own function (a profiler's timing wrapper, say) replays through that wrapper, in Python.
+one C++ loop each, with the GIL released once, instead of a Python call per kernel (argument conversion and GIL
+hand-over, ~0.3-0.5 us each when warm): the ~270-call single-stream decode step of SmolLM2 replays ~5% faster (2-core
+Zen 5). A call through anything but the module's own function (a profiler's timing wrapper, say) replays through
+that wrapper, in Python.
 
 What a capture cannot replay, it refuses (RuntimeError, so the engine stays eager): a read of tensor values on the
 host (``.item()``, ``.tolist()``, a tensor in an ``if``), whose answer the replay would not recompute, and ops whose
