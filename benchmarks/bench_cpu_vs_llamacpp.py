@@ -22,6 +22,10 @@ Measures, each system in its own subprocess (so one's threads never compete with
   wrappers' own cost lands in that run's host time: calls per token x their cost per call, both printed. A second
   row measures it with nothing added to the kernels: over one request's untimed decode steps, 1 - (the time inside
   the single-stream decode graph's replay, one perf_counter pair a step) / (those steps' wall time).
+- (g) single-stream decode tok/s as a share of the bandwidth bound: the streaming read (a plain fp32 sum over as
+  many bytes as a decode token's weights, the same threads) / those bytes. The read is taken in each system's
+  process just before and just after its (a) runs, and their mean is the bound; a read in a process of its own at
+  the end is printed below the table too.
 
 The engine runs once per native ISA this CPU runs (``--isas``, default: all but scalar; ENGINE_CPU_ISA forces each,
 and ONEDNN_MAX_CPU_ISA caps torch's oneDNN GEMMs to match)
@@ -90,13 +94,32 @@ def _single_stream(run, w: dict) -> dict:
     """(a) and (b) for one system, given run(ids, n) -> (tokens, arrival times, t0): a warm-up, then the best of
     w["repeat"] runs of the chat prompt (decode rates) and of the long prompt (time to first token)."""
     run(w["warm"], 4)
+    read_before = _read_bandwidth(w)
     runs = [run(w["chat"], w["single_out"]) for _ in range(w["repeat"])]
+    read_after = _read_bandwidth(w)
     prefill = []
     for _ in range(w["repeat"]):
         _, tm, t0 = run(w["long"], 1)
         prefill.append(tm[0] - t0)
-    return {"single_tokens": runs[0][0], "prefill_s": min(prefill),
+    return {"single_tokens": runs[0][0], "prefill_s": min(prefill), "read_around_decode": (read_before, read_after),
             "single": max((_decode_rates(tm, t0) for _, tm, t0 in runs), key=lambda r: r["decode_tok_per_s"])}
+
+
+def _read_bandwidth(w: dict) -> float:
+    """(g)'s streaming read, taken in the decoding process just before and just after its single-stream runs: on a
+    host whose speed changes by the minute, a read measured elsewhere at another time says little of the decode's."""
+    import torch
+
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    from bench_cpu_gguf_linear import read_bandwidth
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(w["threads"])
+    try:
+        return read_bandwidth(w["bytes_per_token"])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _ttft(run, w: dict) -> float:
@@ -539,6 +562,10 @@ def _fmt(x) -> str:
     return "—" if x is None else f"{x:.1f}" if isinstance(x, float) else str(x)
 
 
+def _mean(xs) -> float:
+    return sum(xs) / len(xs)
+
+
 def _ratio(x, y) -> str:
     return "—" if x is None or y is None or y == 0 else f"{x / y:.2f}"
 
@@ -570,9 +597,13 @@ def table(res: dict, a) -> str:
         ("(e) model load, ms", ms("load_s"), False),
         ("(e) whole command to one token (engine: `engine generate --max-tokens 1 Hi`), ms",
          ms("generate_startup_s"), False),
-        ("(g) single-stream decode as % of the bandwidth bound (streaming read GB/s / weight bytes per token)",
-         lambda r: None if get(r, "single", "decode_tok_per_s") is None or not res.get("bound_tok_per_s")
-         else 100 * r["single"]["decode_tok_per_s"] / res["bound_tok_per_s"], None),
+        ("(g) single-stream decode as % of the bandwidth bound (the mean of streaming reads just before and after "
+         "it, in its process / weight bytes per token)",
+         lambda r: None if get(r, "single", "decode_tok_per_s") is None or not r.get("read_around_decode")
+         else 100 * r["single"]["decode_tok_per_s"] * res["bytes_per_token"] / _mean(r["read_around_decode"]), None),
+        ("(g) those streaming reads, GB/s",
+         lambda r: None if not (r or {}).get("read_around_decode")
+         else "-".join(f"{x / 1e9:.1f}" for x in sorted(r["read_around_decode"])), None),
         ("(f) engine host overhead: % of a decode step outside native kernels",
          lambda r: None if get(r, "host", "host_share") is None else 100 * r["host"]["host_share"], None),
         ("(f) same, untimed: 1 - (time inside the decode graph's replay) / (the same untimed steps' wall)",
@@ -661,12 +692,14 @@ def main(argv=None) -> int:
             "long": random_prompts(1, a.long_in, vocab, a.seed + 1)[0],
             "short": random_prompts(1, a.short_in, vocab, a.seed + 2)[0],
             "batch": random_prompts(a.batch, lens, vocab, a.seed) if a.batch else []}
+    spec["bytes_per_token"] = decode_bytes_per_token(spec["model"])
     t0, load0 = time.perf_counter(), os.getloadavg()
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "chat_ids": chat, "args": {
         k: getattr(a, k) for k in ("threads", "single_out", "long_in", "batch", "batch_in_min", "batch_in_max",
                                    "batch_out", "repeat", "seed", "no_hf", "no_hf_batch",
                                    "llamacpp_amx", "short_in", "isas", "activation_quant")}}
     res["cpu"] = cpu_description()
+    res["bytes_per_token"] = spec["bytes_per_token"]
     from engine.platforms.cpu import _native
 
     isas = a.isas.split(",") if a.isas else [i for i in _native.supported_isas() if i != "scalar"]
@@ -693,7 +726,6 @@ def main(argv=None) -> int:
     if not a.no_hf and not a.startup_only:
         res["hf"] = run_worker("hf", dict(spec, batch=[] if a.no_hf_batch else spec["batch"]), a.threads)
     if not a.startup_only:
-        spec["bytes_per_token"] = decode_bytes_per_token(spec["model"])
         bw = run_worker("bandwidth", spec, a.threads)["read_bytes_per_s"]
         res["bandwidth"] = {"read_bytes_per_s": bw, "bytes_per_token": spec["bytes_per_token"]}
         res["bound_tok_per_s"] = bw / spec["bytes_per_token"]

@@ -39,8 +39,7 @@ class ModelRunner:
         ids, positions, slots, cu, seq_lens, sampled, logits_rows = [], [], [], [0], [], [], []
         for seq, n in scheduled:
             start = seq.num_computed_tokens
-            tokens = seq.token_ids
-            ids.extend(tokens[start:start + n])
+            ids.extend(seq.tokens_between(start, start + n))
             extra = drafts.get(seq.seq_id, ()) if start + n == len(seq) else ()
             ids.extend(extra)
             n += len(extra)

@@ -54,6 +54,16 @@ class Sequence:
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """``token_ids[start:end]`` (0 <= start <= end), without building ``token_ids``: a decode step reads one
+        token of a sequence whose token list may be thousands long."""
+        p = len(self.prompt_token_ids)
+        if start >= p:
+            return self.output_token_ids[start - p:end - p]
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 

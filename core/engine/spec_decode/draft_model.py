@@ -32,6 +32,9 @@ class _View:
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        return self.token_ids[start:end]
+
 
 class DraftModelProposer:
     """``propose([(seq, k), ...]) -> ({seq_id: k draft tokens}, q [sum k, vocab])``: q holds, row by row in the
