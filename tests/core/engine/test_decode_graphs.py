@@ -121,6 +121,8 @@ def test_cpu_graphs_are_captured_lazily_and_replay_the_eager_tokens(model_dir):
     assert calls == [4, 4]  # the later 9 decode steps replayed without running the model's Python
     assert _long_run(llm, PROMPTS[:1]) == eager[:1]
     assert sorted(graphs.graphs) == [1, 4]
+    graphs.forget()  # captured again: new logits memory, which what run() returns must follow
+    assert _long_run(llm, PROMPTS) == eager and list(graphs.graphs) == [4]
 
 
 def test_cpu_graphs_replay_batches_above_8_as_eager(model_dir):
