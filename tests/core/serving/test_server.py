@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 
 import httpx
 import pytest
@@ -207,11 +208,25 @@ def test_disconnect_mid_stream_returns_the_blocks(served):
     url, engine, _ = served
     body = {"model": MODEL, "prompt": "Write a very long story.", "max_tokens": 400, "ignore_eos": True,
             "temperature": 0, "stream": True}
-    with httpx.Client(timeout=60) as http, http.stream("POST", url + "/v1/completions", json=body) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                break
-        assert engine.num_running == 1
+    # Once the stream has a token, the engine waits for the client to disconnect before its next step: on a busy
+    # machine the client thread could otherwise read its first line only after all 400 tokens were made.
+    resume, step = threading.Event(), engine.engine.step
+
+    def step_after_disconnect():
+        if any(s.output_token_ids for s in engine.engine.scheduler.running):
+            resume.wait(timeout=60)
+        return step()
+
+    engine.engine.step = step_after_disconnect
+    try:
+        with httpx.Client(timeout=60) as http, http.stream("POST", url + "/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    break
+            assert engine.num_running == 1
+    finally:
+        resume.set()
+        del engine.engine.step
     assert _pool_whole(engine), "the disconnected request kept running or kept its KV blocks"
 
 
