@@ -96,8 +96,7 @@ class DecodeGraphs:
                 log.warning("decode graphs disabled, decode runs eagerly: capture of batch size %d failed: %s",
                             b, self.disabled)
                 return
-            self._outputs.clear()
-            self.graphs[b] = (replay, logits)
+            self._set_graph(b, replay, logits)
 
     def _forward(self, b: int) -> torch.Tensor:
         batch = ForwardBatch(positions=self.positions[:b], slot_mapping=self.slots[:b], block_tables=self.tables[:b],
@@ -113,6 +112,10 @@ class DecodeGraphs:
             raise RuntimeError("DecodeGraphs.forget: graphs captured at start-up cannot be captured again")
         self._drop_graphs()
         self._warm.clear()
+
+    def _set_graph(self, b: int, replay, logits: torch.Tensor) -> None:
+        self.graphs[b] = (replay, logits)
+        self._outputs = {key: v for key, v in self._outputs.items() if key[0] != b}  # views of the old logits
 
     def _drop_graphs(self) -> None:
         self.graphs.clear()
@@ -183,6 +186,5 @@ class DecodeGraphs:
                         b, self.disabled)
             # The capture may have stopped midway; the step again, eagerly (its KV writes repeat the same values).
             return self._forward(b)
-        self._outputs.clear()
-        self.graphs[b] = (replay, logits)
+        self._set_graph(b, replay, logits)
         return logits
