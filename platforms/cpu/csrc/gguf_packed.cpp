@@ -114,8 +114,8 @@ bool have_packed_kernels(GgufPackedKernels* out) {
   }
 }
 
-// x's scale for nib_scaled kernels (gguf_packed.h): element e of a block, nibble t = 2 (e % 4) + (e >= 16) of its
-// packed lane, times 2^(-4t) (none for t = 7).
+// x's scale for tiles that decode Q4 nibbles in place (gguf_packed.h): element e of a block, nibble
+// t = 2 (e % 4) + (e >= 16) of its packed lane, times 2^(-4t) (none for t = 7).
 constexpr float nib_scale(int e) {
   const int t = 2 * (e % 4) + (e >= 16 ? 1 : 0);
   float v = 1.0f;
@@ -303,13 +303,13 @@ void gguf_linear_packed(const GgufLinearArgs& a, const uint8_t* packed) {
 
   // x tiled as PackedF32X says (widened exactly from bf16), with its block sums (Q4_1's minimum term and, without
   // a nibble table, Q4_0's -8 offset).
-  // Where the tile reads Q4 nibbles in place (nib_scaled), x's element e of a block is scaled by 2^(-4t) (exact
-  // but for |x| < 2^-102, whose scaled value is subnormal).
+  // Where the tile reads Q4 nibbles in place (from scaled_from rows), x's element e of a block is scaled by
+  // 2^(-4t) (exact but for |x| < 2^-102, whose scaled value is subnormal).
   // From kern.dense_from rows of x each group's weights are decoded once to fp32, then run through plain fp32
   // tiles (decode_group / dense_tile); below, the tile decodes in its loop, each decoded vector serving max_mt rows.
   const bool dense = m >= kern.dense_from;
   const int tile_rows = dense ? kern.dense_mt : kern.max_mt;
-  const bool scaled = kern.nib_scaled && a.qtype != kQ8_0 && !dense;
+  const bool scaled = m >= kern.scaled_from && a.qtype != kQ8_0 && !dense;
   thread_local std::vector<float> xbuf, sbuf, wide;
   float* xt = aligned64(xbuf, static_cast<size_t>(m * k));
   float* st = aligned64(sbuf, static_cast<size_t>(m * nb));
@@ -337,7 +337,7 @@ void gguf_linear_packed(const GgufLinearArgs& a, const uint8_t* packed) {
       }
     }
   });
-  const PackedF32X xf{copy ? xt : x, st, k};
+  const PackedF32X xf{copy ? xt : x, st, k, scaled};
 
   const int64_t gb = gguf_packed_group_bytes(a.qtype, k);
   // Two loops, not one with a branch per tile: the single loop made AVX-512's 32-row calls 4-5% slower (three

@@ -100,17 +100,19 @@ struct PackedF32X {
   const float* x;
   const float* xsum;
   int64_t k;
+  bool scaled;  // a Q4 tile's x is scaled as GgufPackedF32Kernels says (from scaled_from rows of x)
 };
 
 // Per-ISA fp32 tile: out[i * 16 + r] = row x0 + i of x (i < mt <= max_mt <= kPackedF32MaxTileRows) . row r of
-// the group at g. Where
-// nib_scaled, a Q4 tile reads element e of x times 2^(-4t), t = its nibble's position in the packed int32 lane
-// (e < 16: 2 (e % 4), else 2 (e % 4) + 1; none for t = 7); the block sums stay those of x. Above max_m rows of x
-// (and below dense_from) the driver runs gguf_linear on the raw rows (measured per ISA).
+// the group at g. From
+// scaled_from rows of x (none: 2^62), a Q4 tile reads element e of x times 2^(-4t), t = its nibble's position in
+// the packed int32 lane (e < 16: 2 (e % 4), else 2 (e % 4) + 1; none for t = 7), and decodes each nibble in place;
+// the block sums stay those of x. Above max_m rows of x (and below dense_from) the driver runs gguf_linear on the
+// raw rows (measured per ISA).
 constexpr int kPackedF32MaxTileRows = 16;
 struct GgufPackedF32Kernels {
   int max_mt;
-  bool nib_scaled;
+  int64_t scaled_from;
   int64_t max_m;
   void (*tile)(int qtype, const uint8_t* g, const PackedF32X& x, int64_t x0, int mt, float* out);
   // The decode-once path, from dense_from rows of x (where it is measured faster; none: 2^62): decode_group

@@ -1,10 +1,10 @@
 // The packed fp32-activation tile (gguf_packed.h's layout, gguf_linear's contract), written once on the vector
 // layer: an int32 lane of a chunk vector holds 4 bytes of one row's block, so each of its 8 nibbles (Q4) or 4
 // bytes (Q8_0) becomes, in one to three instructions, the fp32 values of one block element for W rows at once
-// (nib_f32: AVX-512 one vpermps from a 16-entry table, which reads only the index's low 4 bits; AVX2 mask and
-// convert, the nibble left in place (kNibScaled: x comes scaled by 2^-4t, see GgufPackedF32Kernels); scalar
-// shift, mask, convert; s8_f32: shift(s), convert), and one FMA per row of x, x[k] broadcast, adds it to that
-// row's block sum. A decoded vector serves all MT rows of x. Per block and row of x:
+// (Q4 with x scaled by 2^-4t, see GgufPackedF32Kernels: nib_f32_in_place, mask and convert, the nibble left in
+// place; else nib_f32: AVX-512 a shift and one vpermps from a 16-entry table, which reads only the index's low 4
+// bits, scalar shift, mask, convert; s8_f32: shift(s), convert), and one FMA per row of x, x[k] broadcast, adds it
+// to that row's block sum. A decoded vector serves all MT rows of x. Per block and row of x:
 //   acc += d * sum_j(q_j x_j) + m * sum_j(x_j)
 // with q_j the stored code (Q4_0: the table gives u - 8 directly; without a table the sum is seeded with
 // -8 sum(x_b), as gguf_linear's gemv does), m = Q4_1's minimum (0 otherwise), sum(x_b) computed once per call
@@ -48,15 +48,15 @@ constexpr int kF32Halves = V::W == 8 && MT <= 2 ? 2 : 1;
 
 // Block b of HH x W rows (quants at q, fp16 scales at d, minimums at m; vector hh W lanes further) against the MT
 // rows of a tile of x (xb: its block b, element e of row i at xb[e * MT + i]; xsum: its block sums of block b, row
-// i at xsum[i]).
-template <class V, int kQ, int MT, int HH>
+// i at xsum[i]). kScaled: x is scaled and the nibbles are decoded in place.
+template <class V, int kQ, int MT, int HH, bool kScaled>
 [[gnu::always_inline]] ENGINE_VEC_FN inline void f32_block(typename V::F (&acc)[HH][MT], const uint8_t* q,
                                                            const uint16_t* d, const uint16_t* m, const float* xb,
                                                            const float* xsum, typename V::F table) {
   using F = typename V::F;
   using I = typename V::I;
   constexpr int W = V::W, C = kQ == kQ8_0 ? 8 : 4, T = kQ == kQ8_0 ? 4 : 8, U = kF32Chains<V, MT>;
-  constexpr bool kSeed = kQ == kQ4_0 && !V::kNibTable;
+  constexpr bool kSeed = kQ == kQ4_0 && (kScaled || !V::kNibTable);
   F s[U][HH][MT];
   #pragma GCC unroll 32
   for (int u = 0; u < U; ++u)
@@ -76,7 +76,11 @@ template <class V, int kQ, int MT, int HH>
       const int u = (c * T + t) % U;
       F w[HH];
       #pragma GCC unroll 4
-      for (int h = 0; h < HH; ++h) w[h] = kQ == kQ8_0 ? V::s8_f32(v[h], t) : V::nib_f32(v[h], t, table);
+      for (int h = 0; h < HH; ++h) {
+        if constexpr (kQ == kQ8_0) w[h] = V::s8_f32(v[h], t);
+        else if constexpr (kScaled) w[h] = V::nib_f32_in_place(v[h], t);
+        else w[h] = V::nib_f32(v[h], t, table);
+      }
       #pragma GCC unroll 32
       for (int i = 0; i < MT; ++i) {
         const F xv = V::set1(xb[e * MT + i]);
@@ -91,7 +95,7 @@ template <class V, int kQ, int MT, int HH>
     #pragma GCC unroll 32
     for (int i = 0; i < MT; ++i) {
       F t = s[0][h][i];
-      #pragma GCC unroll 4
+      #pragma GCC unroll 8  // fully: a loop left here kept the chains in memory (AVX-512, M = 1: 25% slower)
       for (int u = 1; u < U; ++u) t = V::add(t, s[u][h][i]);
       acc[h][i] = V::fma(t, dw, acc[h][i]);
     }
@@ -103,7 +107,7 @@ template <class V, int kQ, int MT, int HH>
   }
 }
 
-template <class V, int kQ, int MT>
+template <class V, int kQ, int MT, bool kScaled>
 ENGINE_VEC_FN void f32_tile_t(const uint8_t* g, const PackedF32X& x, int64_t x0, float* out) {
   using F = typename V::F;
   constexpr int W = V::W, HH = kF32Halves<V, MT>, H = kPackRows / W / HH;
@@ -125,11 +129,11 @@ ENGINE_VEC_FN void f32_tile_t(const uint8_t* g, const PackedF32X& x, int64_t x0,
     for (; b + 2 <= nb; b += 2, p += PB, s += PB / 2) {
       #pragma GCC unroll 16
       for (int o = 0; o < PB; o += 64) __builtin_prefetch(p + kPackedPrefetchBytes + o);
-      f32_block<V, kQ, MT, HH>(acc, p, s, s + 2 * kPackRows, xr + 32 * MT * b, xsum + MT * b, table);
-      f32_block<V, kQ, MT, HH>(acc, p + QB, s + kPackRows, s + 3 * kPackRows, xr + 32 * MT * (b + 1),
+      f32_block<V, kQ, MT, HH, kScaled>(acc, p, s, s + 2 * kPackRows, xr + 32 * MT * b, xsum + MT * b, table);
+      f32_block<V, kQ, MT, HH, kScaled>(acc, p + QB, s + kPackRows, s + 3 * kPackRows, xr + 32 * MT * (b + 1),
                            xsum + MT * (b + 1), table);
     }
-    if (b < nb) f32_block<V, kQ, MT, HH>(acc, p, s, s + 2 * kPackRows, xr + 32 * MT * b, xsum + MT * b, table);
+    if (b < nb) f32_block<V, kQ, MT, HH, kScaled>(acc, p, s, s + 2 * kPackRows, xr + 32 * MT * b, xsum + MT * b, table);
     #pragma GCC unroll 4
     for (int hh = 0; hh < HH; ++hh)
       #pragma GCC unroll 32
@@ -137,17 +141,32 @@ ENGINE_VEC_FN void f32_tile_t(const uint8_t* g, const PackedF32X& x, int64_t x0,
   }
 }
 
-template <class V, int kQ, int MT>
+template <class V, int kQ, int MT, bool kScaled>
 ENGINE_VEC_FN inline void f32_tile_rows(int mt, const uint8_t* g, const PackedF32X& x, int64_t x0, float* out) {
   if constexpr (MT > 1) {
-    if (mt < MT) return f32_tile_rows<V, kQ, MT - 1>(mt, g, x, x0, out);
+    if (mt < MT) return f32_tile_rows<V, kQ, MT - 1, kScaled>(mt, g, x, x0, out);
   }
-  f32_tile_t<V, kQ, MT>(g, x, x0, out);
+  f32_tile_t<V, kQ, MT, kScaled>(g, x, x0, out);
 }
+
+// Rows of x from which Q4 tiles decode in place, x scaled. AVX-512 keeps the table at one row: in place (a mask and
+// a convert instead of a shift and a vpermps) ran a call 5-10% faster at one row and ~20% at four with the weights
+// hot, but at one row with the weights in DRAM it lost ~5% a layer to the scaled copy of x it needs, while four
+// rows gained 8-10% there (2-core Zen 5, 2026-12-02).
+template <class V>
+constexpr int64_t kF32ScaledFrom = V::kNibScaled ? 1 : V::kNibInPlace ? 2 : int64_t{1} << 62;
 
 template <class V>
 ENGINE_VEC_FN void f32_tile_impl(int qtype, const uint8_t* g, const PackedF32X& x, int64_t x0, int mt, float* out) {
-  with_qtype(qtype, [&](auto q) { f32_tile_rows<V, decltype(q)::value, kF32TileRows<V>>(mt, g, x, x0, out); });
+  with_qtype(qtype, [&](auto q) {
+    constexpr int kQ = decltype(q)::value, MT = kF32TileRows<V>;
+    // The driver scales a Q4 x from kF32ScaledFrom rows (GgufPackedF32Kernels::scaled_from), so an unscaled Q4 x on
+    // a backend with in-place nibbles and a table (AVX-512) is one row: only that tile is instantiated.
+    if constexpr (kQ == kQ8_0 || !V::kNibInPlace) f32_tile_rows<V, kQ, MT, false>(mt, g, x, x0, out);
+    else if constexpr (V::kNibScaled) f32_tile_rows<V, kQ, MT, true>(mt, g, x, x0, out);
+    else if (x.scaled) f32_tile_rows<V, kQ, MT, true>(mt, g, x, x0, out);
+    else f32_tile_t<V, kQ, 1, false>(g, x, x0, out);
+  });
 }
 
 // The decode-once path (many rows of x): a group's weights are decoded to fp32 once, w = q d + m as the reference
@@ -245,7 +264,7 @@ GgufPackedF32Kernels packed_f32_kernels() {
                 "the driver's tile buffer holds kPackedF32MaxTileRows rows");
   // AVX2 beats the raw-row kernel (gguf_linear.h's 4-row panels, x loads shared by 4 FMAs) only at small M:
   // without embedded broadcasts each x value costs a broadcast per FMA here.
-  GgufPackedF32Kernels k{kF32TileRows<V>, V::kNibScaled, V::W == 8 ? kF32Avx2MaxM : int64_t{1} << 30,
+  GgufPackedF32Kernels k{kF32TileRows<V>, kF32ScaledFrom<V>, V::W == 8 ? kF32Avx2MaxM : int64_t{1} << 30,
                          f32_tile_impl<V>, int64_t{1} << 62, 0, nullptr, nullptr};
   if constexpr (V::W == 8) {
     k.dense_from = kF32Avx2DenseFrom;

@@ -136,8 +136,9 @@ struct QuantScalar {
   // each lane as fp32, plus the table's first value where kNibTable (a 16-entry lookup: nib_table(first) holds
   // first .. first + 15; backends without it ignore the table and give the nibble itself), times 2^(4t) for t < 7
   // where kNibScaled (the nibble masked in place, not shifted down: exact in fp32; the caller scales x by
-  // 2^(-4t)); signed byte t of each lane as fp32.
-  static constexpr bool kNibTable = false, kNibScaled = false;
+  // 2^(-4t)); signed byte t of each lane as fp32. Where kNibInPlace, nib_f32_in_place gives the nibble masked in
+  // place whatever nib_f32 does (the caller scales x), for tiles where that is the cheaper decode.
+  static constexpr bool kNibTable = false, kNibScaled = false, kNibInPlace = false;
   static I load_i(const void* p) {
     I r;
     std::memcpy(r.v, p, sizeof r.v);
@@ -233,7 +234,8 @@ struct QuantAvx2 {
   ENGINE_AVX2 static B u4_lo_b(B v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
   ENGINE_AVX2 static B u4_hi_b(B v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f)); }
   ENGINE_AVX2 static B xor80_b(B v) { return _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))); }
-  static constexpr bool kNibTable = false, kNibScaled = true;  // mask, convert (the top nibble: shift, convert)
+  // mask, convert (the top nibble: shift, convert)
+  static constexpr bool kNibTable = false, kNibScaled = true, kNibInPlace = true;
   ENGINE_AVX2 static I load_i(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   ENGINE_AVX2 static F nib_table(float) { return _mm256_setzero_ps(); }
   // The masks as memory operands: as set1 constants GCC rebuilt them in the loop (3 instructions each, for lack of
@@ -251,6 +253,7 @@ struct QuantAvx2 {
     __asm__("" : "+r"(mask));
     return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(mask))));
   }
+  ENGINE_AVX2 static F nib_f32_in_place(I v, int t) { return nib_f32(v, t, _mm256_setzero_ps()); }
   ENGINE_AVX2 static F s8_f32(I v, int t) {
     return _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * t), 24));
   }
@@ -332,7 +335,9 @@ struct QuantAvx512 {
   ENGINE_AVX512 static B u4_lo_b(B v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
   ENGINE_AVX512 static B u4_hi_b(B v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }
   ENGINE_AVX512 static B xor80_b(B v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
-  static constexpr bool kNibTable = true, kNibScaled = false;  // vpermps reads the index's low 4 bits
+  // nib_f32: vpermps reads the index's low 4 bits (a shift and a lookup); in place: mask, convert (the top nibble:
+  // shift, convert), which Zen 5 runs faster once x is scaled anyway (gguf_packed_f32_impl.h).
+  static constexpr bool kNibTable = true, kNibScaled = false, kNibInPlace = true;
   ENGINE_AVX512 static I load_i(const void* p) { return _mm512_loadu_si512(p); }
   ENGINE_AVX512 static F nib_table(float first) {
     return _mm512_add_ps(_mm512_set1_ps(first),
@@ -340,6 +345,10 @@ struct QuantAvx512 {
   }
   ENGINE_AVX512 static F nib_f32(I v, int t, F table) {
     return _mm512_permutexvar_ps(t ? _mm512_srli_epi32(v, 4 * t) : v, table);
+  }
+  ENGINE_AVX512 static F nib_f32_in_place(I v, int t) {
+    if (t == 7) return _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 28));
+    return _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15 << (4 * t))));
   }
   ENGINE_AVX512 static F s8_f32(I v, int t) {
     return _mm512_cvtepi32_ps(_mm512_srai_epi32(t == 3 ? v : _mm512_slli_epi32(v, 24 - 8 * t), 24));
