@@ -46,6 +46,7 @@ template <class V, int kQ, int MT>
       for (int i = 0; i < MT; ++i) {
         const B xb = V::bcast4_b(xq + i * k + 32 * b + 4 * c);
         dot[i] = kQ8Unsigned ? V::dot_u8s8(dot[i], u, xb) : V::dot_s8s8(dot[i], u, xb);
+        V::hold(dot[i]);
       }
     } else if constexpr (V::kI16Sums) {
       const B lo = V::u4_lo_b(v), hi = V::u4_hi_b(v);
@@ -54,6 +55,7 @@ template <class V, int kQ, int MT>
         const int8_t* xp = xq + i * k + 32 * b + 4 * c;
         const B t = V::add_i16(V::madd_i16(lo, V::bcast4_b(xp)), V::madd_i16(hi, V::bcast4_b(xp + 16)));
         s16[i] = c == 0 ? t : V::add_i16(s16[i], t);
+        V::hold(s16[i]);
       }
     } else {
       const B lo = V::u4_lo_b(v), hi = V::u4_hi_b(v);

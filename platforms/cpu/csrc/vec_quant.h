@@ -34,7 +34,10 @@
 //   (vpdpbusd, plain C; not AVX2's vpmaddubsw, whose 16-bit pair sums saturate); kI16Sums: whether the next
 //   three exist (AVX2, where they save a vpmaddwd per product vector): madd_i16(u, s) = the int16 pair sums of
 //   u * s (u unsigned, s signed, each sum within int16), add_i16(a, b) int16 lanes added, widen_add_i16(acc, v) =
-//   acc plus, per int32 lane, its two int16 lanes of v.
+//   acc plus, per int32 lane, its two int16 lanes of v. hold(v): nothing, but the compiler cannot see through it,
+//   so a chain of integer adds into v keeps its order (AVX2: GCC otherwise reassociated a block's 8 sums into a
+//   tree that kept all 8 products live; with 16 registers that spilled a third of the tile's vector instructions,
+//   and 4-32 rows of x ran 1.1-1.5x slower, Zen 5, 2026-12-02); a plain no-op elsewhere.
 #pragma once
 
 #include <cmath>
@@ -114,6 +117,8 @@ struct QuantScalar {
   }
   static constexpr bool kDotU8Full = true;
   static constexpr bool kI16Sums = false;
+  template <class T>
+  static void hold(T&) {}
   static B bcast4_b(const void* p) {
     B r;
     for (int l = 0; l < 4; ++l) std::memcpy(r.v + 4 * l, p, 4);
@@ -220,6 +225,7 @@ struct QuantAvx2 {
   }
   static constexpr bool kDotU8Full = false;
   static constexpr bool kI16Sums = true;
+  ENGINE_AVX2 static void hold(__m256i& v) { __asm__("" : "+x"(v)); }
   ENGINE_AVX2 static B madd_i16(B u, B s) { return _mm256_maddubs_epi16(u, s); }
   ENGINE_AVX2 static B add_i16(B a, B b) { return _mm256_add_epi16(a, b); }
   ENGINE_AVX2 static I widen_add_i16(I acc, B v) {
@@ -326,6 +332,7 @@ struct QuantAvx512 {
   }
   static constexpr bool kDotU8Full = true;  // vpdpbusd (VecAvx512Vnni): products and sums in 32 bits
   static constexpr bool kI16Sums = false;
+  ENGINE_AVX512 static void hold(__m512i&) {}
   ENGINE_AVX512 static B bcast4_b(const void* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
