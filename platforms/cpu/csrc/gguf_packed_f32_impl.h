@@ -131,9 +131,10 @@ ENGINE_VEC_FN void f32_tile_t(const uint8_t* g, const PackedF32X& x, int64_t x0,
       for (int o = 0; o < PB; o += 64) __builtin_prefetch(p + kPackedPrefetchBytes + o);
       f32_block<V, kQ, MT, HH, kScaled>(acc, p, s, s + 2 * kPackRows, xr + 32 * MT * b, xsum + MT * b, table);
       f32_block<V, kQ, MT, HH, kScaled>(acc, p + QB, s + kPackRows, s + 3 * kPackRows, xr + 32 * MT * (b + 1),
-                           xsum + MT * (b + 1), table);
+                                        xsum + MT * (b + 1), table);
     }
-    if (b < nb) f32_block<V, kQ, MT, HH, kScaled>(acc, p, s, s + 2 * kPackRows, xr + 32 * MT * b, xsum + MT * b, table);
+    if (b < nb)
+      f32_block<V, kQ, MT, HH, kScaled>(acc, p, s, s + 2 * kPackRows, xr + 32 * MT * b, xsum + MT * b, table);
     #pragma GCC unroll 4
     for (int hh = 0; hh < HH; ++hh)
       #pragma GCC unroll 32
