@@ -55,10 +55,10 @@ class DecodeGraphs:
         self._dev32 = torch.zeros(big * (1 + w), dtype=torch.int32, device=dev)
         pin = dev.type != "cpu" and torch.accelerator.is_available()
         self._host = []
+        # On the host the device buffers are their own twins: a step's kernels have finished when the next step's
+        # inputs are written (no copy to skip past; each cold torch call costs tens of us there).
+        host = dev.type == "cpu"
         for _ in range(2):
-            # On the host the device buffers are their own twins: a step's kernels have finished when the next
-            # step's inputs are written (no copy to skip past; each cold torch call costs tens of us there).
-            host = dev.type == "cpu"
             host64 = self._dev64 if host else torch.zeros(5 * big, dtype=torch.int64, pin_memory=pin)
             host32 = self._dev32 if host else torch.zeros(big * (1 + w), dtype=torch.int32, pin_memory=pin)
             h64, h32 = host64.numpy(), host32.numpy()
