@@ -18,7 +18,10 @@ namespace {
 
 using TileFn = void (*)(const AttnTile&);
 
-constexpr int64_t kMinKeyRowsPerThread = 1024;  // (query row, key) pairs: roughly 10 us of work
+// (query row, key) pairs per extra worker: ~5 us of work with the cache in DRAM, where a decode step finds it (the
+// step's weights have streamed through the L3 since the layer's last read). 1024, sized on hot caches, kept one
+// sequence on one thread up to ~110 keys: 2-5 us a layer slower there (2-core Zen 5, 2026-12-02).
+constexpr int64_t kMinKeyRowsPerThread = 256;
 
 TileFn tile_fn() {
   switch (current_isa()) {
