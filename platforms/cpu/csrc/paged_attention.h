@@ -60,22 +60,26 @@ struct AttnTile {
   float* acc;  // [nq * G, head_dim]
 };
 
-// Prefetches the K and V rows of the chunk after [.., c) into cache: cache blocks are scattered, so
-// the hardware prefetchers lose the stream at every block boundary. kChunk: the variant's chunk.
-inline void attn_prefetch_next(const AttnTile& t, int64_t c, int64_t chunk, int64_t elem_size) {
-  if (c >= t.k_end) return;
+// The K and V rows of the keys from position c on: up to `chunk` of them, within c's cache block (blocks are
+// scattered, so the hardware prefetchers lose the stream at every block boundary and the tile prefetches them).
+struct AttnRows {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  int n = 0;
+};
+inline AttnRows attn_rows(const AttnTile& t, int64_t c, int64_t chunk, int64_t elem_size) {
+  if (c >= t.k_end) return {};
   const int64_t blk = c / t.block_size, off = c - blk * t.block_size;
   const int64_t n = std::min<int64_t>(std::min<int64_t>(chunk, t.k_end - c), t.block_size - off);
   const int64_t base = (int64_t(t.blocks[blk * t.blocks_stride]) * t.blk_stride + off * t.tok_stride + t.head_off) *
                        elem_size;
-  const int64_t row = t.head_dim * elem_size, stride = t.tok_stride * elem_size;
-  const char* k = static_cast<const char*>(t.k_cache) + base;
-  const char* v = static_cast<const char*>(t.v_cache) + base;
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t b = 0; b < row; b += 64) {
-      __builtin_prefetch(k + i * stride + b);
-      __builtin_prefetch(v + i * stride + b);
-    }
+  return {static_cast<const char*>(t.k_cache) + base, static_cast<const char*>(t.v_cache) + base,
+          static_cast<int>(n)};
+}
+
+// Prefetches the bytes [p, p + n).
+inline void attn_prefetch(const char* p, int64_t n) {
+  for (int64_t b = 0; b < n; b += 64) __builtin_prefetch(p + b);
 }
 
 void attn_tile_scalar(const AttnTile& t);
