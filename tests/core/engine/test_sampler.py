@@ -198,3 +198,21 @@ def test_plain_greedy_host_path_agrees_with_the_general_one(dtype):
         tokens, lps = sampler.sample_with_logprobs(x, seqs)
     assert tokens[:5] == x.argmax(dim=-1).tolist()[:5]
     assert lps[4] is not None and len(lps[4][2]) == 2 and lps[5] is None
+
+
+def test_plain_greedy_host_path_reads_a_reused_tensor_anew():
+    """The decode graphs hand the sampler the same logits tensor every step, rewritten in place: the short path
+    keeps a numpy view of it, so each call must see the new values; another tensor, and a bf16 one (no numpy
+    view: the general path), still get their own argmax."""
+    sampler, seqs = Sampler(), _seqs(3, temperature=0.0)
+    buf = torch.empty(3, 1000)
+    with torch.inference_mode():
+        for _ in range(4):
+            buf.copy_(torch.randn(3, 1000))
+            assert sampler.sample_with_logprobs(buf, seqs)[0] == buf.argmax(dim=-1).tolist()
+        other = torch.randn(3, 1000)
+        assert sampler.sample_with_logprobs(other, seqs)[0] == other.argmax(dim=-1).tolist()
+        half = torch.randn(3, 1000).bfloat16()
+        assert sampler.sample_with_logprobs(half, seqs)[0] == half.argmax(dim=-1).tolist()
+        buf.copy_(torch.randn(3, 1000))
+        assert sampler.sample_with_logprobs(buf, seqs)[0] == buf.argmax(dim=-1).tolist()
