@@ -184,35 +184,43 @@ void paged_attention(const PagedAttnArgs& a) {
   // rows already on their way by the hardware prefetchers: 32 sequences x 30 layers of DRAM-resident caches ran
   // ~11% faster than with the heads handed out one by one (2-core Zen 5, 2026-12-01).
   const int64_t take = decode && !split ? a.hk : 1;
+  auto tile_of = [&](const Item& it) {
+    AttnTile t;
+    const int64_t qoff = (it.q_row * a.hq + it.kvh * G) * D * es;
+    t.q = static_cast<const char*>(a.q) + qoff;
+    t.q_stride = a.hq * D;
+    t.nq = static_cast<int>(it.nq);
+    t.G = static_cast<int>(G);
+    t.head_dim = static_cast<int>(D);
+    t.k_cache = a.k_cache;
+    t.v_cache = a.v_cache;
+    t.blocks = a.block_tables + it.b * a.bt_stride0;
+    t.blocks_stride = a.bt_stride1;
+    t.block_size = a.block_size;
+    t.tok_stride = a.hk * D;
+    t.blk_stride = a.block_size * a.hk * D;
+    t.head_off = it.kvh * D;
+    t.k_begin = it.k_begin;
+    t.k_end = it.k_end;
+    t.pos0 = it.pos0;
+    t.scale = a.scale;
+    t.dtype = a.dtype;
+    t.out = it.state < 0 ? static_cast<char*>(a.out) + qoff : nullptr;
+    t.out_stride = a.hq * D;
+    t.m = it.state < 0 ? nullptr : sm + it.state * G;
+    t.l = it.state < 0 ? nullptr : sl + it.state * G;
+    t.acc = it.state < 0 ? nullptr : sacc + it.state * G * D;
+    return t;
+  };
   auto work = [&](int64_t, int64_t) {
     for (int64_t k0; (k0 = next.fetch_add(take, std::memory_order_relaxed)) < n_items;) {
-      for (int64_t k = k0; k < std::min(n_items, k0 + take); ++k) {
-        const Item& it = items[k];
-        AttnTile t;
-        const int64_t qoff = (it.q_row * a.hq + it.kvh * G) * D * es;
-        t.q = static_cast<const char*>(a.q) + qoff;
-        t.q_stride = a.hq * D;
-        t.nq = static_cast<int>(it.nq);
-        t.G = static_cast<int>(G);
-        t.head_dim = static_cast<int>(D);
-        t.k_cache = a.k_cache;
-        t.v_cache = a.v_cache;
-        t.blocks = a.block_tables + it.b * a.bt_stride0;
-        t.blocks_stride = a.bt_stride1;
-        t.block_size = a.block_size;
-        t.tok_stride = a.hk * D;
-        t.blk_stride = a.block_size * a.hk * D;
-        t.head_off = it.kvh * D;
-        t.k_begin = it.k_begin;
-        t.k_end = it.k_end;
-        t.pos0 = it.pos0;
-        t.scale = a.scale;
-        t.dtype = a.dtype;
-        t.out = it.state < 0 ? static_cast<char*>(a.out) + qoff : nullptr;
-        t.out_stride = a.hq * D;
-        t.m = it.state < 0 ? nullptr : sm + it.state * G;
-        t.l = it.state < 0 ? nullptr : sl + it.state * G;
-        t.acc = it.state < 0 ? nullptr : sacc + it.state * G * D;
+      const int64_t k1 = std::min(n_items, k0 + take);
+      for (int64_t k = k0; k < k1; ++k) {
+        AttnTile t = tile_of(items[k]);
+        if (k + 1 < k1) {  // the next tile of this thread's run: its first keys load during this tile's last chunk
+          const AttnTile following = tile_of(items[k + 1]);
+          t.after = attn_rows(following, following.k_begin, following.block_size, es);
+        }
         fn(t);
       }
     }

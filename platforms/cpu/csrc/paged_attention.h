@@ -36,6 +36,14 @@ struct PagedAttnArgs {
 // Validates every index it will follow (throws std::invalid_argument) before any thread starts.
 void paged_attention(const PagedAttnArgs& a);
 
+// The K and V rows of the keys from position c on: up to `chunk` of them, within c's cache block (blocks are
+// scattered, so the hardware prefetchers lose the stream at every block boundary and the tile prefetches them).
+struct AttnRows {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  int n = 0;
+};
+
 // One unit of work: nq consecutive queries of one sequence, the G query heads of one KV head, over
 // key positions [k_begin, k_end). Query i sits at position pos0 + i and sees keys < pos0 + i + 1.
 // Rows are r = i * G + g. With out != nullptr the rows are normalised and written there in dtype;
@@ -58,15 +66,10 @@ struct AttnTile {
   float* m;
   float* l;
   float* acc;  // [nq * G, head_dim]
+  AttnRows after;  // the first keys of the tile this thread runs next, prefetched during this one's last chunk
 };
 
-// The K and V rows of the keys from position c on: up to `chunk` of them, within c's cache block (blocks are
-// scattered, so the hardware prefetchers lose the stream at every block boundary and the tile prefetches them).
-struct AttnRows {
-  const char* k = nullptr;
-  const char* v = nullptr;
-  int n = 0;
-};
+// Where those rows lie for tile t.
 inline AttnRows attn_rows(const AttnTile& t, int64_t c, int64_t chunk, int64_t elem_size) {
   if (c >= t.k_end) return {};
   const int64_t blk = c / t.block_size, off = c - blk * t.block_size;

@@ -104,7 +104,7 @@ ENGINE_VEC_FN void attn_tile_impl(const AttnTile& t) {
     // during query row 0's, V rows during row 1's), so the core computes while they are in flight: a burst of the
     // whole chunk's prefetches stalled it until they returned. Decode attention with the cache in DRAM ran 25-35%
     // faster (32 sequences x 30 layers, 2-core Zen 5, AVX-512 and AVX2, 2026-12-02).
-    const AttnRows next = attn_rows(t, c + n, kChunk, kEs);
+    const AttnRows next = c + n < t.k_end ? attn_rows(t, c + n, kChunk, kEs) : t.after;
     const float *kr, *vr;
     int64_t rs;
     if constexpr (kDt != DType::F32) {  // convert the chunk once; every query row then reads fp32 from L1
