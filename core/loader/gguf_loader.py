@@ -2,7 +2,9 @@
 
 Q4_0 / Q4_1 / Q8_0 matrices stay in their blocks as QuantizedWeight unless ``dequantize`` is set;
 F32 / F16 / BF16 tensors become float tensors in the requested dtype; every other quantization type
-is dequantized with ``gguf.quants.dequantize`` (through fp32) and then cast to the requested dtype.
+(Q5_0, Q5_1, the K-quants Q2_K..Q6_K, the I-quants, ...) is dequantized with ``gguf.quants.dequantize``
+(through fp32) and then cast to the requested dtype. A load that expands quantized tensors says so once, with
+the memory it costs (a warning; at info level when ``dequantize`` asked for it).
 
 llama-architecture files store the attn_q / attn_k rows permuted for llama.cpp's rotary layout
 (convert_hf_to_gguf.py permutes them); we undo that exactly as transformers does at GGUF load.
@@ -11,6 +13,7 @@ For quantized weights the permutation reorders whole rows, so it is applied to t
 
 from __future__ import annotations
 
+import logging
 import re
 
 import numpy as np
@@ -22,9 +25,13 @@ from engine.core.models.weights import QuantizedWeight, Weight
 from .errors import ModelLoadError
 from .gguf_file import field, require
 
+log = logging.getLogger("engine")
+
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
 KEEP_QUANTIZED = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
 F32, F16, BF16 = 0, 1, 30
+# Tensor types that are not block-quantized: floats and integers (I8, I16, I32, I64, F64).
+_PLAIN_TYPES = {F32, F16, BF16, 24, 25, 26, 27, 28}
 
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -136,6 +143,7 @@ def _tensor(t, dtype: torch.dtype, dequantize: bool, order: np.ndarray | None) -
 def gguf_weights(reader, config: ModelConfig, dtype: torch.dtype, dequantize: bool) -> dict[str, Weight]:
     """HF-named weights of a GGUF file (tensors the models do not use, like rope_freqs, are left out)."""
     weights: dict[str, Weight] = {}
+    expanded: dict[int, list[int]] = {}  # quantized type -> [tensors, bytes in the file, bytes as floats]
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is None:
@@ -144,8 +152,49 @@ def gguf_weights(reader, config: ModelConfig, dtype: torch.dtype, dequantize: bo
         if config.arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
             heads = config.num_heads if ".attn_q." in t.name else config.num_kv_heads
             order = unpermute_order(t.shape[-1], heads)
-        weights[name] = _tensor(t, dtype, dequantize, order)
+        w = weights[name] = _tensor(t, dtype, dequantize, order)
+        if int(t.tensor_type) not in _PLAIN_TYPES and not isinstance(w, QuantizedWeight):
+            stats = expanded.setdefault(int(t.tensor_type), [0, 0, 0])
+            stats[0] += 1
+            stats[1] += int(t.n_bytes)
+            stats[2] += w.nbytes
+    if expanded:
+        _tell_expanded(expanded, dtype, dequantize)
     return weights
+
+
+def expanded_message(expanded: dict[int, list[int]], dtype: torch.dtype, dequantize: bool) -> str:
+    """The one line a load prints when it expands quantized GGUF tensors to floats (``expanded``: type ->
+    [tensors, bytes in the file, bytes as floats])."""
+    import gguf
+
+    def type_name(qtype: int) -> str:
+        try:
+            return gguf.GGMLQuantizationType(qtype).name
+        except ValueError:
+            return f"type {qtype}"
+
+    kinds = ", ".join(f"{type_name(q)} ({n} tensor{'s' if n != 1 else ''})"
+                      for q, (n, _, _) in sorted(expanded.items()))
+    file_bytes = sum(s[1] for s in expanded.values())
+    float_bytes = sum(s[2] for s in expanded.values())
+    dtype_name = str(dtype).removeprefix("torch.")
+    why = ("dequantize=True" if dequantize else
+           f"the engine keeps only {', '.join(KEEP_QUANTIZED.values())} matrices quantized")
+    return (f"engine: GGUF {kinds} weights are expanded to {dtype_name} at load ({why}): {_size(float_bytes)} in "
+            f"memory instead of {_size(file_bytes)} in the file")
+
+
+def _tell_expanded(expanded: dict[int, list[int]], dtype: torch.dtype, dequantize: bool) -> None:
+    """Warn that quantized tensors were expanded (info level when the caller asked for it with ``dequantize``)."""
+    log.log(logging.INFO if dequantize else logging.WARNING, "%s", expanded_message(expanded, dtype, dequantize))
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def load_gguf(path: str, dtype: torch.dtype, dequantize: bool):

@@ -65,10 +65,26 @@ def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# K-quant types gguf-py dequantizes but cannot quantize -> the byte offsets of their fp16 scales within a block.
+RANDOM_BLOCK_SCALES = {gguf.GGMLQuantizationType.Q4_K: (0, 2), gguf.GGMLQuantizationType.Q6_K: (208,)}
+
+
+def random_blocks(shape: tuple[int, int], q, seed: int = 0) -> np.ndarray:
+    """Valid blocks of a type in RANDOM_BLOCK_SCALES for a ``shape`` (rows, cols) matrix: random bits with small
+    finite fp16 scales. Their values follow no given matrix (read them back with gguf.quants.dequantize)."""
+    block, size = gguf.GGML_QUANT_SIZES[q]
+    rows, cols = shape
+    raw = np.random.default_rng(seed).integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    for at in RANDOM_BLOCK_SCALES[q]:
+        raw[..., at:at + 2] = np.array([0.01], dtype=np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
 def write_gguf(path: Path, arch: str, state_dict: dict[str, torch.Tensor], cfg, *, qtype=None,
                tokenizer: dict, rope_scaling: dict | None = None) -> Path:
     """Write ``state_dict`` (HF names, an HF config ``cfg``) as a GGUF of ``arch``. ``qtype(name, array)`` picks
-    each 2-D tensor's GGML type (default F32). ``tokenizer`` holds the tokenizer.* metadata to write."""
+    each 2-D tensor's GGML type (default F32; a type in RANDOM_BLOCK_SCALES gets random_blocks, not the tensor's
+    values). ``tokenizer`` holds the tokenizer.* metadata to write."""
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(arch_enum, cfg.num_hidden_layers)
     w = gguf.GGUFWriter(str(path), arch)
@@ -114,6 +130,8 @@ def write_gguf(path: Path, arch: str, state_dict: dict[str, torch.Tensor], cfg, 
             w.add_tensor(name, a)
         elif q == gguf.GGMLQuantizationType.F16:
             w.add_tensor(name, a.astype(np.float16))
+        elif q in RANDOM_BLOCK_SCALES:
+            w.add_tensor(name, random_blocks(a.shape, q), raw_dtype=q)
         else:
             w.add_tensor(name, gguf.quants.quantize(a, q), raw_dtype=q)
     w.write_header_to_file()
