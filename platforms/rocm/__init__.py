@@ -7,11 +7,14 @@ from __future__ import annotations
 
 # gfx archs whose FP8 is the e4m3fnuz flavour (MI300 series); later ones use OCP e4m3fn.
 FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
+# README.md's install command for this platform's extra (the probe's hint names it verbatim).
+INSTALL_EXTRA = 'pip install -e ".[rocm]"'
 
 
 def probe_reason(hip_version: str | None, torch_version: str, device_count: int) -> tuple[bool, str]:
     if not hip_version:
-        return False, f"torch {torch_version} is not a ROCm (HIP) build; install a ROCm wheel of torch"
+        return False, (f"torch {torch_version} is not a ROCm (HIP) build; for an AMD GPU, install a ROCm build "
+                       f"of torch (https://pytorch.org/get-started) and {INSTALL_EXTRA}")
     if device_count == 0:
         return False, f"torch is a ROCm build (HIP {hip_version}) but no AMD GPU is visible (check HIP_VISIBLE_DEVICES)"
     return True, f"{device_count} AMD GPU(s) visible (HIP {hip_version})"

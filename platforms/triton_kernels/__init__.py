@@ -61,7 +61,8 @@ def register(registry, device_type: str, capability: tuple[int, int] | None = No
     try:
         import triton  # noqa: F401
     except Exception as exc:
-        why = f"triton unavailable: {type(exc).__name__}: {exc} (pip install 'engine[cuda]')"
+        why = (f"triton unavailable: {type(exc).__name__}: {exc} (install your platform's extra: "
+               """pip install -e ".[cuda]", ".[rocm]" or ".[xpu]")""")
         for module, ops in KERNEL_MODULES.items():
             for op in ops:
                 registry.skip(op, f"triton_{module}", why)
