@@ -16,6 +16,7 @@ import math
 import torch
 
 from .inputs import randint, randn
+from .precision import REF_DTYPES, acc
 from .registry import Case, OpDef, Tolerance
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -41,10 +42,10 @@ def paged_decode_core(q, key_cache, value_cache, block_tables, seq_lens, scale):
     Works without reading any value back to the host (safe under CUDA-graph capture).
     """
     b, hq, d = q.shape
-    k = gather_paged(key_cache, block_tables).float()  # [B, L, Hk, D]
-    v = gather_paged(value_cache, block_tables).float()
+    k = acc(gather_paged(key_cache, block_tables))  # [B, L, Hk, D]
+    v = acc(gather_paged(value_cache, block_tables))
     hk = k.shape[2]
-    s = torch.einsum("bhgd,blhd->bhgl", q.float().view(b, hk, hq // hk, d), k) * scale
+    s = torch.einsum("bhgd,blhd->bhgl", acc(q).view(b, hk, hq // hk, d), k) * scale
     valid = torch.arange(k.shape[1], device=q.device)[None, :] < seq_lens.long()[:, None]  # [B, L]
     p = s.masked_fill(~valid[:, None, None, :], float("-inf")).softmax(-1)
     # Slots past seq_len hold whatever the cache held (NaN bit patterns included): 0 * NaN is NaN, so zero them.
@@ -61,7 +62,7 @@ def _tensors(op, **named):
 def _check_common(op, q, key_cache, value_cache, block_tables, seq_lens):
     _tensors(op, q=q, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
              seq_lens=seq_lens)
-    if q.dtype not in _DTYPES or key_cache.dtype != q.dtype or value_cache.dtype != q.dtype:
+    if q.dtype not in REF_DTYPES or key_cache.dtype != q.dtype or value_cache.dtype != q.dtype:
         raise TypeError(f"{op}: q, key_cache and value_cache must share one dtype of {_DTYPES}; got "
                         f"{q.dtype}, {key_cache.dtype}, {value_cache.dtype}")
     if q.dim() != 3 or key_cache.dim() != 4 or value_cache.shape != key_cache.shape:
@@ -127,9 +128,9 @@ def _prefill_ref(q, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens
                              f"need 1 <= q_len <= seq_len <= max_blocks*block_size = "
                              f"{block_tables.shape[1] * bs}")
         blocks = block_tables[b, : math.ceil(n_kv / bs)].long()
-        k = key_cache[blocks].flatten(0, 1)[:n_kv].float()  # [L, Hk, D]
-        v = value_cache[blocks].flatten(0, 1)[:n_kv].float()
-        qb = q[start: start + n_q].float().view(n_q, hk, hq // hk, d)
+        k = acc(key_cache[blocks].flatten(0, 1)[:n_kv])  # [L, Hk, D]
+        v = acc(value_cache[blocks].flatten(0, 1)[:n_kv])
+        qb = acc(q[start: start + n_q]).view(n_q, hk, hq // hk, d)
         s = torch.einsum("thgd,lhd->hgtl", qb, k) * scale
         q_pos = torch.arange(n_kv - n_q, n_kv, device=q.device)
         future = torch.arange(n_kv, device=q.device)[None, :] > q_pos[:, None]  # [q_len, L]

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from .gguf_quant import BLOCK, LINEAR_CASES, Q8_0, _gguf_dequantize_ref, _linear_inputs, check_linear_x
+from .gguf_quant import BLOCK, LINEAR_CASES, Q8_0, _gguf_dequantize_ref, _linear_inputs, check_linear_x, draw_linear
+from .precision import acc
 from .registry import Case, OpDef, Tolerance
 
 
@@ -26,7 +27,7 @@ def quantize_q8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     the bit by any implementation that performs the same operations."""
     if x.shape[-1] % BLOCK:
         raise ValueError(f"Q8 blocks need a last dimension that is a multiple of {BLOCK}, got {x.shape[-1]}")
-    blocks = x.float().reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
+    blocks = acc(x).reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
     d = blocks.abs().amax(dim=-1) / 127
     inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
     q = torch.round(blocks * inv[..., None]).clamp_(-127, 127).to(torch.int8)
@@ -42,7 +43,8 @@ def q8_round(x: torch.Tensor) -> torch.Tensor:
 def _gguf_linear_q8act_ref(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
     check_linear_x("gguf_linear_q8act", x, cols)
     w = _gguf_dequantize_ref(raw, qtype, cols, torch.float32)
-    return (q8_round(x) @ w.t()).to(x.dtype)
+    xq = q8_round(x)
+    return (xq @ w.t().to(xq.dtype)).to(x.dtype)
 
 
 def _gguf_linear_q8act_fake(x, raw, qtype, cols):
@@ -51,10 +53,12 @@ def _gguf_linear_q8act_fake(x, raw, qtype, cols):
 
 gguf_linear_q8act = OpDef(
     name="gguf_linear_q8act",
+    quantizes_intermediates=True,
     schema="(Tensor x, Tensor raw, int qtype, int cols) -> Tensor",
     reference=_gguf_linear_q8act_ref,
     fake=_gguf_linear_q8act_fake,
     make_inputs=_linear_inputs,
+    draw=draw_linear,
     cases=[*LINEAR_CASES, Case("q8_0_one_block", {"qtype": Q8_0, "m": 2, "n": 9, "k": 32})],
     # fp32: the same codes and scales as the reference, so only the order of the fp32 sums differs.
     tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(5e-2, 2e-2)},

@@ -18,7 +18,9 @@ import numpy as np
 import torch
 
 from .inputs import randn, uniform
+from .precision import acc
 from .registry import Case, OpDef, Tolerance
+from .shapes import HIDDEN, matmul_cases, special_rows
 
 Q4_0, Q4_1, Q8_0 = 2, 3, 8
 BLOCK = 32
@@ -128,7 +130,7 @@ def check_linear_x(op: str, x: torch.Tensor, cols: int) -> None:
 def _gguf_linear_ref(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
     check_linear_x("gguf_linear", x, cols)
     w = _gguf_dequantize_ref(raw, qtype, cols, torch.float32)
-    return (x.float() @ w.t()).to(x.dtype)
+    return (acc(x) @ w.t().to(acc(x).dtype)).to(x.dtype)
 
 
 def _gguf_linear_fake(x, raw, qtype, cols):
@@ -138,7 +140,20 @@ def _gguf_linear_fake(x, raw, qtype, cols):
 def _linear_inputs(p, dtype, device, gen):
     k = p["k"]
     raw = random_gguf_weight(p["n"], k, p["qtype"], device, gen, scale=k ** -0.5)  # outputs of order 1
-    return randn((p["m"], k), dtype, device, gen), raw, p["qtype"], k
+    x = randn((p["m"], k), dtype, "cpu", gen)
+    return (special_rows(x) if p.get("special") else x).to(device), raw, p["qtype"], k
+
+
+def draw_linear(rng, budget):
+    """gguf_linear's drawn cases (shared with gguf_linear_q8act): every regime in one of the three kept types,
+    and special rows (zeros, tiny, huge) in a decode batch."""
+    cases = matmul_cases(rng, budget, lambda m, n, k: {"qtype": rng.choice((Q4_0, Q4_1, Q8_0)), "m": m, "n": n,
+                                                       "k": k})
+    k = rng.choice(HIDDEN)
+    cases.append(Case("draw_special_rows", {"qtype": rng.choice((Q4_0, Q4_1, Q8_0)), "m": 16,
+                                            "n": max(16, min(512, budget // (16 * k)) // 16 * 16), "k": k,
+                                            "special": True}, engine_shape=True))
+    return cases
 
 
 # Shared with gguf_linear_q8act (the same inputs): a decode row, SmolLM2's shapes, the Q8_0 head, a prefill, odd N.
@@ -158,6 +173,7 @@ gguf_linear = OpDef(
     fake=_gguf_linear_fake,
     make_inputs=_linear_inputs,
     cases=LINEAR_CASES,
+    draw=draw_linear,
     # bf16 covers implementations that round the dequantized weight to bf16 before an fp32-accumulating dot.
     tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(5e-2, 2e-2)},
     doc="y = x @ dequant(raw)^T: x [..., cols], raw GGUF [N, row_bytes] -> [..., N] in x.dtype, fp32 "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .inputs import randint, randn
+from .precision import REF_DTYPES
 from .registry import Case, OpDef, Tolerance
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -21,7 +22,7 @@ def _check(key, value, key_cache, value_cache, slot_mapping) -> None:
                     ("slot_mapping", slot_mapping)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"write_kv_cache: {name} must be a tensor, got {type(t).__name__}")
-    if key.dtype not in _DTYPES or {value.dtype, key_cache.dtype, value_cache.dtype} != {key.dtype}:
+    if key.dtype not in REF_DTYPES or {value.dtype, key_cache.dtype, value_cache.dtype} != {key.dtype}:
         raise TypeError("write_kv_cache: key, value, key_cache and value_cache must share one dtype of "
                         f"{_DTYPES}; got {key.dtype}, {value.dtype}, {key_cache.dtype}, {value_cache.dtype}")
     if slot_mapping.dtype != torch.int64 or slot_mapping.dim() != 1:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .inputs import randn
 from .registry import Case, OpDef, Tolerance
+from .shapes import HIDDEN, matmul_cases, special_rows
 
 # Outputs are ~N(0, 1) (weights scaled by K^-0.5): one bf16/fp16 ulp of the largest values, fp32 summation order.
 _TOL = {
@@ -37,10 +38,23 @@ _CASES = [
 
 def _linear_inputs(p, dtype, device, gen):
     k = p["k"]
-    x = randn((p["m"], k), dtype, device, gen)
+    x = randn((p["m"], k), dtype, "cpu", gen)
+    x = (special_rows(x) if p.get("special") else x).to(device)
     w = randn((p["n"], k), dtype, device, gen, scale=k ** -0.5)
     b = randn((p["n"],), dtype, device, gen) if p.get("bias") else None
     return x, w, b
+
+
+def _draw(rng, budget):
+    cases = matmul_cases(rng, budget, lambda m, n, k: {"m": m, "n": n, "k": k, "bias": rng.random() < 0.3})
+    k = rng.choice(HIDDEN)
+    cases.append(Case("draw_special_rows", {"m": 16, "n": _special_n(budget, k), "k": k, "special": True},
+                      engine_shape=True))
+    return cases
+
+
+def _special_n(budget, k):
+    return max(16, min(1024, budget // (16 * k)) // 16 * 16)
 
 
 def _fake(x, weight, bias):
@@ -55,6 +69,7 @@ linear = OpDef(
     make_inputs=_linear_inputs,
     cases=_CASES,
     tolerances=_TOL,
+    draw=_draw,
     doc="y = x @ weight.T (+ bias), fp32 accumulation, one rounding to x.dtype. x: [..., K], weight: [N, K], "
         "bias: [N] or None; y: [..., N].",
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .inputs import randn, uniform
+from .precision import acc
 from .registry import Case, OpDef, Tolerance
 
 
@@ -21,7 +22,7 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     n_experts = router_logits.shape[1]
     if not 1 <= top_k <= n_experts:
         raise ValueError(f"top_k must be in [1, {n_experts}] (the number of experts), got {top_k}")
-    probs = torch.softmax(router_logits.float(), dim=-1)
+    probs = torch.softmax(acc(router_logits), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -82,12 +83,12 @@ def expert_groups(router_logits: torch.Tensor, top_k: int, renormalize: bool, nu
 def _fused_moe_ref(x, w13, w2, router_logits, top_k, renormalize):
     _check(x, w13, w2, router_logits, top_k)
     inter = w13.shape[1] // 2
-    xf = x.float()
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    xf = acc(x)
+    out = torch.zeros(x.shape, dtype=xf.dtype, device=x.device)
     for e, tokens, weight in expert_groups(router_logits, top_k, renormalize, w13.shape[0]):
-        gate_up = xf[tokens] @ w13[e].float().t()
+        gate_up = xf[tokens] @ acc(w13[e]).t()
         h = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out.index_add_(0, tokens, (h @ w2[e].float().t()) * weight)
+        out.index_add_(0, tokens, (h @ acc(w2[e]).t()) * weight)
     return out.to(x.dtype)
 
 

@@ -20,13 +20,14 @@ import torch
 from .fp8 import FP8_DTYPES, quantize_fp8
 from .inputs import randn, uniform
 from .moe import _check, distinct_logits, expert_groups
+from .precision import REF_DTYPES
 from .registry import Case, OpDef, Tolerance
 
 ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _check_scale(scale, n_exp: int, rows: int, what: str) -> None:
-    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+    if not isinstance(scale, torch.Tensor) or scale.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"{what} must be a float32 tensor, got {getattr(scale, 'dtype', type(scale))}")
     if tuple(scale.shape) not in ((n_exp,), (n_exp, 1, 1), (n_exp, rows, 1)):
         raise ValueError(f"{what} has shape {tuple(scale.shape)}; it must be [{n_exp}] or [{n_exp}, 1, 1] "
@@ -37,7 +38,7 @@ def _check_fp8(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k):
     if w13_q.dtype not in FP8_DTYPES.values() or w2_q.dtype != w13_q.dtype:
         raise TypeError(f"w13_q and w2_q must both be float8_e4m3fn or both float8_e4m3fnuz, got {w13_q.dtype}, "
                         f"{w2_q.dtype}")
-    if x.dtype not in ACT_DTYPES:
+    if x.dtype not in REF_DTYPES:
         raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
     # moe's shape checks want one dtype for x and the weights: hand it x-dtype stand-ins of the weight shapes
     _check(x, torch.empty(w13_q.shape, dtype=x.dtype, device="meta"),
@@ -64,7 +65,7 @@ def _fused_moe_fp8_ref(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k
     fp8 = w13_q.dtype
     inter = w13_q.shape[1] // 2
     xd = _quant_dequant(x, fp8)  # per token, once for all its experts
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    out = torch.zeros(x.shape, dtype=xd.dtype, device=x.device)
     for e, tokens, weight in expert_groups(router_logits, top_k, renormalize, w13_q.shape[0]):
         gate_up = xd[tokens] @ dequantize_expert(w13_q, w13_scale, e).t()
         # the intermediate is stored in x's dtype (as every implementation keeps it), then quantized per row
@@ -119,6 +120,7 @@ def _case(name, **params):
 
 fused_moe_fp8 = OpDef(
     name="fused_moe_fp8",
+    quantizes_intermediates=True,
     schema=("(Tensor x, Tensor w13_q, Tensor w13_scale, Tensor w2_q, Tensor w2_scale, Tensor router_logits, "
             "int top_k, bool renormalize) -> Tensor"),
     reference=_fused_moe_fp8_ref,

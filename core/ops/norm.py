@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 from .inputs import randn
+from .precision import acc
 from .registry import Case, OpDef, Tolerance
+from .shapes import row_cases, special_rows
 
 _TOL = {
     torch.float32: Tolerance(1e-5, 1e-5),
@@ -16,14 +18,19 @@ _CASES = [Case("tiny", {"tokens": 3, "hidden": 64}), Case("smollm", {"tokens": 7
           Case("wide", {"tokens": 5, "hidden": 4096}), Case("odd", {"tokens": 2, "hidden": 100})]
 
 
+def _draw(rng, budget):
+    return row_cases(rng, budget, lambda rows, hidden, special: {"tokens": rows, "hidden": hidden, "special": special})
+
+
 def _rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
+    xf = acc(x)
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * weight.float()).to(x.dtype)
+    return (y * acc(weight)).to(x.dtype)
 
 
 def _rms_norm_inputs(p, dtype, device, gen):
-    x = randn((p["tokens"], p["hidden"]), dtype, device, gen)
+    x = randn((p["tokens"], p["hidden"]), dtype, "cpu", gen)
+    x = (special_rows(x) if p.get("special") else x).to(device)
     w = randn((p["hidden"],), dtype, device, gen, scale=0.5) + 1
     return x, w.to(dtype), 1e-6
 
@@ -37,18 +44,20 @@ rms_norm = OpDef(
     cases=_CASES,
     tolerances=_TOL,
     rounded_outputs=True,
+    draw=_draw,
     doc="y = x / sqrt(mean(x^2, -1) + eps) * weight, computed in fp32, returned in x.dtype. x: [..., hidden].",
 )
 
 
 def _fused_add_rms_norm_ref(x, residual, weight, eps):
-    s = (x.float() + residual.float()).to(x.dtype)
+    s = (acc(x) + acc(residual)).to(x.dtype)
     return _rms_norm_ref(s, weight, eps), s
 
 
 def _fused_add_rms_norm_inputs(p, dtype, device, gen):
     x, w, eps = _rms_norm_inputs(p, dtype, device, gen)
-    return x, randn(x.shape, dtype, device, gen), w, eps
+    residual = randn(x.shape, dtype, "cpu", gen)
+    return x, (special_rows(residual) if p.get("special") else residual).to(device), w, eps
 
 
 fused_add_rms_norm = OpDef(
@@ -60,5 +69,6 @@ fused_add_rms_norm = OpDef(
     cases=_CASES,
     tolerances=_TOL,
     rounded_outputs=True,
+    draw=_draw,
     doc="s = x + residual (rounded to x.dtype); returns (rms_norm(s, weight, eps), s).",
 )

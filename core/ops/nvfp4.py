@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .inputs import randn, uniform
+from .precision import acc
 from .registry import Case, OpDef, Tolerance
 
 BLOCK = 16
@@ -49,12 +50,16 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
 
 
+# float64 only where the conformance kit runs a reference in fp64 (its oracle)
+_SCALE_DTYPES = (torch.float32, torch.float64)
+
+
 def _nvfp4_quantize_ref(x, global_scale):
     if x.dim() != 2 or x.shape[1] % BLOCK:
         raise ValueError(f"nvfp4_quantize wants x [M, K] with K a multiple of {BLOCK}, got {tuple(x.shape)}")
     if not x.dtype.is_floating_point:
         raise TypeError(f"x must be a float tensor, got {x.dtype}")
-    if global_scale.numel() != 1 or global_scale.dtype != torch.float32:
+    if global_scale.numel() != 1 or global_scale.dtype not in _SCALE_DTYPES:
         raise TypeError(f"global_scale must be a one-element float32 tensor (see nvfp4_global_scale), got "
                         f"{global_scale.dtype} of shape {tuple(global_scale.shape)}")
     m, k = x.shape
@@ -129,15 +134,15 @@ def _nvfp4_linear_ref(x, w_packed, w_block_scale, w_global_scale, bias):
     if tuple(w_block_scale.shape) != (n, k // BLOCK):
         raise ValueError(f"w_block_scale must be [N={n}, K/16={k // BLOCK}], got "
                          f"{tuple(w_block_scale.shape)}")
-    if w_global_scale.numel() != 1 or w_global_scale.dtype != torch.float32:
+    if w_global_scale.numel() != 1 or w_global_scale.dtype not in _SCALE_DTYPES:
         raise TypeError("w_global_scale must be a one-element float32 tensor")
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"bias must be [N={n}], got {tuple(bias.shape)}")
     scale = w_block_scale.float().repeat_interleave(BLOCK, dim=1) / w_global_scale.reshape(())
     w = e2m1_decode(unpack(w_packed)) * scale
-    out = x.float() @ w.t()
+    out = acc(x) @ w.t().to(acc(x).dtype)
     if bias is not None:
-        out = out + bias.float()
+        out = out + acc(bias)
     return out.to(x.dtype)
 
 
@@ -173,7 +178,7 @@ nvfp4_linear = OpDef(
 
 
 def _nvfp4_linear_w4a4_ref(x, x_global_scale, w_packed, w_block_scale, w_global_scale, bias):
-    if x_global_scale.numel() != 1 or x_global_scale.dtype != torch.float32:
+    if x_global_scale.numel() != 1 or x_global_scale.dtype not in _SCALE_DTYPES:
         raise TypeError("x_global_scale must be a one-element float32 tensor (a calibrated input scale)")
     x_packed, x_block_scale = _nvfp4_quantize_ref(x, x_global_scale)
     x_scale = x_block_scale.float().repeat_interleave(BLOCK, dim=1) / x_global_scale.reshape(())
@@ -189,6 +194,7 @@ def _nvfp4_linear_w4a4_inputs(p, dtype, device, gen):
 
 nvfp4_linear_w4a4 = OpDef(
     name="nvfp4_linear_w4a4",
+    quantizes_intermediates=True,
     schema=("(Tensor x, Tensor x_global_scale, Tensor w_packed, Tensor w_block_scale, Tensor w_global_scale, "
             "Tensor? bias) -> Tensor"),
     reference=_nvfp4_linear_w4a4_ref,

@@ -33,11 +33,16 @@ class Tolerance:
 
 @dataclass(frozen=True)
 class Case:
-    """One conformance input configuration: shape parameters handed to the op's input generator."""
+    """One conformance input configuration: shape parameters handed to the op's input generator.
+
+    ``engine_shape``: the engine sends calls of this shape (real model sizes and layouts), so a platform that
+    registers kernels for the op must serve it with one of them (the conformance kit fails a platform whose kernels
+    all decline it). Odd sizes no model has are checked when a kernel accepts them, but may be declined."""
 
     name: str
     params: dict = field(default_factory=dict)
     dtypes: tuple | None = None  # restricts the op's dtypes for this case
+    engine_shape: bool = False
 
 
 @dataclass
@@ -56,6 +61,14 @@ class OpDef:
     # The outputs are the correctly rounded fp32 result (elementwise ops): in bf16/fp16 the kit then also
     # requires almost every element to equal the reference's bit for bit, which truncating kernels fail.
     rounded_outputs: bool = False
+    # draw(rng: random.Random) -> list[Case]: the shapes the conformance kit draws afresh each run (real model
+    # sizes, special rows); ``cases`` are the fixed ones every run also checks.
+    draw: Callable | None = None
+    # The op quantizes an intermediate (activations to FP8 / int8): an implementation that sums in another order
+    # may round one value to the neighbouring quantization step, which moves a whole output row. The kit then lets
+    # a few rows (at most 1 in 64, and at least 1) exceed the error bound derived from the reference, within the
+    # declared tolerance.
+    quantizes_intermediates: bool = False
 
     def __post_init__(self):
         _LIB.define(self.name + self.schema)
@@ -138,6 +151,7 @@ class KernelRegistry:
         self.platform = platform
         self._impls: dict[str, list[Impl]] = {}
         self._skipped: list[Skipped] = []
+        self._reference_only: dict[str, tuple[str, tuple | None]] = {}
         self._cache: dict[tuple, Impl] = {}
         self._told: set[str] = set()
         self._lock = threading.Lock()
@@ -150,6 +164,9 @@ class KernelRegistry:
         op_name = op if isinstance(op, str) else op.name
         if op_name not in OPS:
             raise KeyError(f"cannot register {name!r}: no op named {op_name!r}; known ops: {sorted(OPS)}")
+        if dtypes is not None and not tuple(dtypes):
+            raise ValueError(f"cannot register {name!r} for {op_name} with dtypes=(): it could never run; name the "
+                             "dtypes it computes, or call registry.skip(op, name, reason) to say why it is not offered")
         impl = Impl(op_name, name, fn, platform or self.platform, priority, supports, note,
                     tuple(dtypes) if dtypes is not None else None)
         with self._lock:
@@ -166,6 +183,24 @@ class KernelRegistry:
         """Record an implementation the platform could not offer here (library missing, capability)."""
         op_name = op if isinstance(op, str) else op.name
         self._skipped.append(Skipped(op_name, name, platform or self.platform, reason))
+
+    def reference_only(self, op: OpDef | str, reason: str, dtypes: tuple | None = None) -> None:
+        """Declare on purpose that this platform serves ``op`` (in ``dtypes``, default all) through its plain-torch
+        reference: the conformance kit then does not fail the platform for having no kernel there, and ``engine
+        doctor`` shows the reason. Without this, a dtype the platform claims and no kernel serves is a failure."""
+        op_name = op if isinstance(op, str) else op.name
+        if op_name not in OPS:
+            raise KeyError(f"reference_only: no op named {op_name!r}; known ops: {sorted(OPS)}")
+        if not reason:
+            raise ValueError(f"reference_only({op_name!r}): say why the reference serves it")
+        self._reference_only[op_name] = (reason, tuple(dtypes) if dtypes is not None else None)
+
+    def reference_only_reason(self, op: OpDef | str, dtype=None) -> str | None:
+        """The declared reason when ``op`` (in ``dtype``) is served by its reference on purpose, else None."""
+        entry = self._reference_only.get(op if isinstance(op, str) else op.name)
+        if entry is None or (dtype is not None and entry[1] is not None and dtype not in entry[1]):
+            return None
+        return entry[0]
 
     def implementations(self, op: OpDef | str) -> list[Impl]:
         """Registered implementations, best first (the reference is not included)."""

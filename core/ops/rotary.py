@@ -19,6 +19,7 @@ import math
 import torch
 
 from .inputs import randint, randn
+from .precision import REF_DTYPES, acc
 from .registry import Case, OpDef, Tolerance
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -66,7 +67,7 @@ def _check(positions, q, k, cos_sin_cache, head_dim) -> int:
     if positions.dtype != torch.int64 or positions.dim() != 1:
         raise TypeError(f"rotary_embedding: positions must be 1-D int64 [T], got {positions.dtype} "
                         f"{tuple(positions.shape)}")
-    if q.dtype not in _DTYPES or k.dtype != q.dtype:
+    if q.dtype not in REF_DTYPES or k.dtype != q.dtype:
         raise TypeError(f"rotary_embedding: q and k must share one dtype of {_DTYPES}, got "
                         f"{q.dtype}/{k.dtype}")
     if cos_sin_cache.dtype not in (torch.float32, q.dtype):
@@ -88,7 +89,7 @@ def _check(positions, q, k, cos_sin_cache, head_dim) -> int:
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int, is_neox: bool):
     t, rot = x.shape[0], 2 * cos.shape[-1]
-    xf = x.float().reshape(t, math.prod(x.shape[1:]) // head_dim, head_dim)
+    xf = acc(x).reshape(t, math.prod(x.shape[1:]) // head_dim, head_dim)
     xr = xf[..., :rot]
     if is_neox:
         a, b = xr[..., : rot // 2], xr[..., rot // 2:]
@@ -102,7 +103,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int
 def _rotary_ref(positions, q, k, cos_sin_cache, head_dim: int, is_neox: bool):
     """Returns (q_rot, k_rot), new tensors shaped and typed like q and k; math in fp32."""
     rot = _check(positions, q, k, cos_sin_cache, head_dim)
-    cs = cos_sin_cache.float()[positions]  # [T, rot]
+    cs = acc(cos_sin_cache)[positions]  # [T, rot]
     cos, sin = cs[:, None, : rot // 2], cs[:, None, rot // 2:]
     return _rotate(q, cos, sin, head_dim, is_neox), _rotate(k, cos, sin, head_dim, is_neox)
 
