@@ -4,15 +4,21 @@ the engine against HF transformers ``generate`` on random-weight Llama models, w
     python benchmarks/bench_gpu.py --out DIR             # everything (about 10 minutes on an H200)
     python benchmarks/bench_gpu.py --out DIR --only engine --quick
     BENCH_SHAPES=llama-8b BENCH_BATCHES=256 python benchmarks/bench_gpu.py --out DIR --only engine
+    TRITON_INTERPRET=1 python benchmarks/bench_gpu.py --out DIR --tiny    # every section at its tiny size, no GPU
 
 Writes DIR/bench_gpu.json and DIR/bench_gpu.md and prints the table. Kernel sections come from
-benchmarks/gpu/<name>.py (each exposes ``run() -> list[dict]``); a section that fails is reported with its
+benchmarks/gpu/<name>.py (each exposes ``run(tiny=False) -> list[dict]``); a section that fails is reported with its
 traceback and the run goes on. Ratios are always against a peer measured in this same run.
+
+``--tiny`` runs the same code at tiny sizes (a 2-layer random model, the kernel sections' TINY shapes), on the CPU
+under the Triton interpreter where there is no GPU: what CI runs (tests/benchmarks), so that a rename cannot break
+the benchmark unnoticed. Its numbers mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -25,15 +31,81 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
 KERNEL_SECTIONS = ("attention", "moe", "fp8", "quant", "gemv")
 
 
-def ceilings() -> dict:
-    """Device-to-device copy bandwidth (bytes read + written) and the bf16 GEMM rate, measured here."""
-    from gpu.ceilings import bf16_gemm_rate, copy_bandwidth
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
-    copy_bw, gemm = copy_bandwidth(), bf16_gemm_rate()
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def ceilings(tiny: bool = False) -> dict:
+    """Device-to-device copy bandwidth (bytes read + written) and the bf16 GEMM rate, measured here."""
+    from benchmarks.gpu.ceilings import bf16_gemm_rate, copy_bandwidth
+
+    if tiny:
+        copy_bw, gemm = copy_bandwidth(_device(), 1 << 20), bf16_gemm_rate(_device(), 64)
+    else:
+        copy_bw, gemm = copy_bandwidth(), bf16_gemm_rate()
     return {"copy_bytes_per_s": copy_bw, "bf16_flops": gemm}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSizes:
+    """What the engine section runs: models, prompt and output lengths, batch sizes, profiled request counts."""
+    quick: bool = False
+    in_len: int = 128
+    out_len: int = 128
+    hf_single_out: int = 32  # HF's single request (its decode rate: a short run is enough)
+    single_out: int = 129  # the engine's single request: 128 decode steps after the prompt
+    profile_in: int = 16
+    profile_out: int = 24
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 1024
+
+    def shapes(self) -> list[tuple[str, dict]]:
+        from engine.core.testing.random_model import LLAMA_1B, LLAMA_8B
+
+        shapes = [("llama-1b", LLAMA_1B)] if self.quick else [("llama-8b", LLAMA_8B), ("llama-1b", LLAMA_1B)]
+        if os.environ.get("BENCH_SHAPES"):
+            shapes = [(n, s) for n, s in shapes if n in os.environ["BENCH_SHAPES"].split(",")]
+        return shapes
+
+    def batches(self, name: str) -> list[int]:
+        if os.environ.get("BENCH_BATCHES"):  # e.g. BENCH_BATCHES=256 (the single-request row always runs)
+            return [int(b) for b in os.environ["BENCH_BATCHES"].split(",")]
+        return [64] if self.quick or name != "llama-8b" else [64, 256]
+
+    def profiled(self, name: str) -> tuple[int, ...]:
+        return (1, 64, 256) if name == "llama-8b" else (64,)
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyEngineSizes(EngineSizes):
+    """A 2-layer random Llama, 2 requests of 8 tokens in and out (no environment overrides)."""
+    in_len: int = 8
+    out_len: int = 8
+    hf_single_out: int = 4
+    single_out: int = 9
+    profile_in: int = 4
+    profile_out: int = 6
+    max_num_batched_tokens: int = 256
+    max_model_len: int = 64
+
+    def shapes(self) -> list[tuple[str, dict]]:
+        return [("tiny", dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                              num_kv_heads=2))]
+
+    def batches(self, name: str) -> list[int]:
+        return [2]
+
+    def profiled(self, name: str) -> tuple[int, ...]:
+        return (2,)
 
 
 # ---- engine vs HF ---------------------------------------------------------------------------------------------
@@ -47,8 +119,8 @@ def hf_generate(model_dir: str, n: int, in_len: int, out_len: int, vocab: int) -
     """Output tokens per second of HF transformers ``generate`` on n same-length prompts as one batch."""
     import transformers
 
-    hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
-    ids = torch.tensor(_prompts(n, in_len, vocab), device="cuda")
+    hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(_device()).eval()
+    ids = torch.tensor(_prompts(n, in_len, vocab), device=_device())
 
     def go():
         with torch.no_grad():
@@ -56,10 +128,10 @@ def hf_generate(model_dir: str, n: int, in_len: int, out_len: int, vocab: int) -
                                pad_token_id=0, eos_token_id=None)
 
     go() if n <= 8 else None  # warm-up on small batches only (the large ones are long enough)
-    torch.cuda.synchronize()
+    _sync()
     t = time.perf_counter()
     out = go()
-    torch.cuda.synchronize()
+    _sync()
     dt = time.perf_counter() - t
     assert out.shape[1] == in_len + out_len
     return n * out_len / dt
@@ -89,11 +161,11 @@ def engine_generate(llm, n: int, in_len: int, out_len: int, vocab: int) -> tuple
     # Warm-up on the same shapes: Triton compiles a kernel variant on first use of each specialization (an int
     # argument divisible by 16 or not, ...), which a server pays once; the timed run measures the steady state.
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-    torch.cuda.synchronize()
+    _sync()
     llm.engine.stats.reset()
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
-    torch.cuda.synchronize()
+    _sync()
     dt = time.perf_counter() - t
     assert all(len(o.outputs[0].token_ids) == out_len for o in outs)
     st = llm.engine.stats
@@ -106,7 +178,7 @@ def graph_step_ms(llm, n: int, ctx: int) -> float | None:
     """Device time of one decode step of n sequences at context ``ctx``: the median replay of its captured graph,
     on inputs set up here (distinct KV blocks per sequence; the cache is idle). With the step's wall time beside
     it, this says whether a step waits on the host or on the device."""
-    import triton.testing as tt
+    from benchmarks.gpu.ceilings import bench_us
 
     graphs, bs = llm.runner.graphs, llm.runner.block_size
     bucket = graphs.bucket_for(n) if graphs is not None else None
@@ -115,13 +187,13 @@ def graph_step_ms(llm, n: int, ctx: int) -> float | None:
     per = -(-ctx // bs)
     tables = [[i * per + j for j in range(per)] for i in range(n)]
     pos = ctx - 1
-    with torch.inference_mode():
+    with torch.inference_mode():  # the CPU platform's replay writes the step's inference tensors
         graphs.run(bucket, [3] * n, [pos] * n, [t[pos // bs] * bs + pos % bs for t in tables], tables, [ctx] * n)
-    torch.cuda.synchronize()
-    return tt.do_bench(graphs.graphs[bucket][0], warmup=10, rep=100, return_mode="median")
+        _sync()
+        return bench_us(graphs.graphs[bucket][0], warmup=10, rep=100) / 1e3
 
 
-def profile_decode(llm, n: int, vocab: int, out: Path, tag: str) -> dict:
+def profile_decode(llm, n: int, vocab: int, out: Path, tag: str, in_len: int = 16, out_len: int = 24) -> dict:
     """Where a decode-heavy workload's time goes (n requests, 16 in / 24 out): device kernel time per step
     against the step's wall time (torch.profiler), and the host's Python functions (cProfile), written to out."""
     import cProfile
@@ -132,15 +204,16 @@ def profile_decode(llm, n: int, vocab: int, out: Path, tag: str) -> dict:
 
     from engine import SamplingParams
 
-    prompts = _prompts(n, 16, vocab, seed=2)
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = _prompts(n, in_len, vocab, seed=2)
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     llm.generate(prompts, params)
-    torch.cuda.synchronize()
+    _sync()
     llm.engine.stats.reset()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
         t = time.perf_counter()
         llm.generate(prompts, params)
-        torch.cuda.synchronize()
+        _sync()
         wall = time.perf_counter() - t
     ka = prof.key_averages()
     device_us = sum(e.self_device_time_total for e in ka)
@@ -148,7 +221,7 @@ def profile_decode(llm, n: int, vocab: int, out: Path, tag: str) -> dict:
     prof_c = cProfile.Profile()
     prof_c.enable()
     llm.generate(prompts, params)
-    torch.cuda.synchronize()
+    _sync()
     prof_c.disable()
     buf = io.StringIO()
     pstats.Stats(prof_c, stream=buf).sort_stats("tottime").print_stats(30)
@@ -162,33 +235,29 @@ def profile_decode(llm, n: int, vocab: int, out: Path, tag: str) -> dict:
     return res
 
 
-def engine_section(ceil: dict, quick: bool, profile_dir: Path | None = None) -> list[dict]:
+def engine_section(ceil: dict, quick: bool, profile_dir: Path | None = None, tiny: bool = False) -> list[dict]:
     from engine import LLM
     from engine.core.engine.memory import weight_nbytes
     from engine.core.loader import load_checkpoint
-    from engine.core.testing.random_model import LLAMA_1B, LLAMA_8B, write_random_llama
+    from engine.core.testing.random_model import write_random_llama
 
     rows = []
-    shapes = [("llama-1b", LLAMA_1B)] if quick else [("llama-8b", LLAMA_8B), ("llama-1b", LLAMA_1B)]
-    if os.environ.get("BENCH_SHAPES"):
-        shapes = [(n, s) for n, s in shapes if n in os.environ["BENCH_SHAPES"].split(",")]
-    in_len = out_len = 128
-    for name, shape in shapes:
+    sizes = TinyEngineSizes() if tiny else EngineSizes(quick=quick)
+    in_len, out_len, single_out = sizes.in_len, sizes.out_len, sizes.single_out
+    for name, shape in sizes.shapes():
         tmp = tempfile.mkdtemp(prefix=f"bench_{name}_")
-        write_random_llama(tmp, **shape, max_position=4096, dtype=torch.bfloat16, device="cuda")
+        write_random_llama(tmp, **shape, max_position=4096, dtype=torch.bfloat16, device=_device())
         ckpt = load_checkpoint(tmp, torch.bfloat16)
         weight_bytes, cfg = weight_nbytes(ckpt.weights.values()), ckpt.config
         embed_bytes = weight_nbytes([ckpt.weights["model.embed_tokens.weight"]]) if not cfg.tie_word_embeddings else 0
         del ckpt
-        batches = [64] if quick or name != "llama-8b" else [64, 256]
-        if os.environ.get("BENCH_BATCHES"):  # e.g. BENCH_BATCHES=256 (the single-request row always runs)
-            batches = [int(b) for b in os.environ["BENCH_BATCHES"].split(",")]
+        batches = sizes.batches(name)
         hf = {b: hf_generate(tmp, b, in_len, out_len, cfg.vocab_size) for b in batches}
-        hf[1] = hf_generate(tmp, 1, in_len, 32, cfg.vocab_size)
+        hf[1] = hf_generate(tmp, 1, in_len, sizes.hf_single_out, cfg.vocab_size)
         print(f"{name}: HF generate tok/s {hf}", flush=True)
-        torch.cuda.empty_cache()
-        llm = LLM(tmp, dtype="bfloat16", max_num_seqs=max(batches), max_num_batched_tokens=8192,
-                  enable_prefix_caching=False, max_model_len=1024)
+        _empty_cache()
+        llm = LLM(tmp, dtype="bfloat16", max_num_seqs=max(batches), max_num_batched_tokens=sizes.max_num_batched_tokens,
+                  enable_prefix_caching=False, max_model_len=sizes.max_model_len)
         for b in batches:
             llm.engine.async_scheduling = False  # the synchronous step order, as a same-run reference
             sync_tps, _, sync_split = engine_generate(llm, b, in_len, out_len, cfg.vocab_size)
@@ -206,17 +275,17 @@ def engine_section(ceil: dict, quick: bool, profile_dir: Path | None = None) -> 
             print(rows[-1], flush=True)
         # single request: decode rate after the prompt, against the weight-read roofline
         llm.engine.async_scheduling = False
-        sync_tps, _, sync_split = engine_generate(llm, 1, in_len, 129, cfg.vocab_size)
+        sync_tps, _, sync_split = engine_generate(llm, 1, in_len, single_out, cfg.vocab_size)
         llm.engine.async_scheduling = True
-        tps, dt, split = engine_generate(llm, 1, in_len, 129, cfg.vocab_size)
+        tps, dt, split = engine_generate(llm, 1, in_len, single_out, cfg.vocab_size)
         roof_tps = ceil["copy_bytes_per_s"] / weight_bytes
-        rows.append({"bench": f"engine single request {name}", "shape": f"1 req x {in_len} in / 129 out",
+        rows.append({"bench": f"engine single request {name}", "shape": f"1 req x {in_len} in / {single_out} out",
                      "tok_s": tps, "peer": "HF generate", "peer_tok_s": hf[1], "ratio": tps / hf[1],
                      "roofline_frac": tps / roof_tps, "goal": ">= 80% of weight-read roofline (decode)",
                      "met": tps / roof_tps >= 0.8, "graphs": llm.runner.graphs is not None,
                      "sync_tok_s": sync_tps, "async_gain": tps / sync_tps,
                      "sync_decode_step_ms": sync_split["decode_step_ms"], **split,
-                     "graph_step_ms": graph_step_ms(llm, 1, in_len + 64),
+                     "graph_step_ms": graph_step_ms(llm, 1, in_len + single_out // 2),
                      # decode steps alone (the goal's wording), and against the bytes a decode step must read:
                      # every weight but the embedding table, of which it reads one row per token
                      "decode_roofline_frac": 1e3 * weight_bytes / ceil["copy_bytes_per_s"] / split["decode_step_ms"],
@@ -224,40 +293,46 @@ def engine_section(ceil: dict, quick: bool, profile_dir: Path | None = None) -> 
                      / split["decode_step_ms"]})
         print(rows[-1], flush=True)
         if profile_dir is not None:
-            for n in (1, 64, 256) if name == "llama-8b" else (64,):
+            for n in sizes.profiled(name):
                 if n <= max(batches):
-                    rows.append({"bench": f"profile {name}", **profile_decode(llm, n, cfg.vocab_size, profile_dir,
-                                                                             name)})
+                    rows.append({"bench": f"profile {name}", **profile_decode(
+                        llm, n, cfg.vocab_size, profile_dir, name, sizes.profile_in, sizes.profile_out)})
         del llm
-        torch.cuda.empty_cache()
+        _empty_cache()
         for f in Path(tmp).iterdir():
             f.unlink()
     return rows
 
 
-def main() -> int:
+def _empty_cache() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", action="append", help="sections: ceilings, engine, " + ", ".join(KERNEL_SECTIONS))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--profile", action="store_true", help="also profile decode (8B: 1/64/256 requests; 1B: 64)")
-    a = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_gpu needs a CUDA GPU", file=sys.stderr)
+    ap.add_argument("--tiny", action="store_true", help="every section at its tiny size (on the CPU without a GPU)")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available() and not a.tiny:
+        print("bench_gpu needs a CUDA GPU (or --tiny)", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(HERE))
     want = set(a.only or ("engine", *KERNEL_SECTIONS))
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": time.strftime("%F"),
-              "sections": {}, "errors": {}}
-    ceil = result["ceilings"] = ceilings()
-    torch.cuda.empty_cache()
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (Triton interpreter)"
+    result = {"device": device, "torch": torch.__version__, "date": time.strftime("%F"), "sections": {},
+              "errors": {}}
+    ceil = result["ceilings"] = ceilings(a.tiny)
+    _empty_cache()
     print(f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
           f"bf16 GEMM {ceil['bf16_flops'] / 1e12:.0f} TFLOP/s", flush=True)
     for name in KERNEL_SECTIONS:
         if name in want:
-            _section(result, name, lambda name=name: importlib.import_module(f"gpu.{name}").run())
+            _section(result, name, lambda name=name: importlib.import_module(f"benchmarks.gpu.{name}").run(tiny=a.tiny))
     if "engine" in want:
-        _section(result, "engine", lambda: engine_section(ceil, a.quick, Path(a.out) if a.profile else None))
+        _section(result, "engine", lambda: engine_section(ceil, a.quick, Path(a.out) if a.profile else None, a.tiny))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_gpu.json").write_text(json.dumps(result, indent=1, default=str))

@@ -10,18 +10,40 @@ ratio (peer_us / us: above 1 is faster than the peer), goal, met, and max_rel_er
 reference, computed on the GPU). Rows named "sweep ..." (ENGINE_BENCH_SWEEP=1) time other tile configurations and
 loop variants of the block-scaled GEMM (flags P = PREFETCH, D = DEFER, T = TMA; platforms/triton_kernels/fp8_linear.py
 ``gemm_config`` holds the one in use): a better one there is the next tuning step.
+
+``run(tiny=True)`` (``--tiny``) runs every row, and the first configuration of the sweep, at ``TINY``: on the CPU
+under the Triton interpreter where there is no GPU (what CI runs: the numbers mean nothing).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import sys
+from pathlib import Path
 
 import torch
 
-DEVICE = "cuda"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.gpu import ceilings  # noqa: E402
+
 GOAL = 0.8  # the Triton block-scaled GEMM vs _scaled_mm per-tensor at the large squares
-SIZES = (4096, 8192)
-DECODE_M = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """GEMM shapes (M, N, K): the squares (swept when asked) and the decode shape; the quantizer's (M, K); the
+    device. FULL is what the benchmark measures; TINY runs the same code in seconds."""
+    squares: tuple[tuple[int, int, int], ...] = ((4096, 4096, 4096), (8192, 8192, 8192))
+    decode: tuple[int, int, int] = (16, 8192, 8192)
+    quant: tuple[int, int] = (8192, 8192)
+    sweep_first: int | None = None  # run only this many configurations of the sweep
+    device: str = "cuda"
+
+
+FULL = Setup()
+TINY = Setup(squares=((32, 128, 256),), decode=(4, 64, 256), quant=(4, 256), sweep_first=1,
+             device="cuda" if torch.cuda.is_available() else "cpu")
 SWEEP_ON = os.environ.get("ENGINE_BENCH_SWEEP", "") not in ("", "0")  # the tile/variant sweep is opt-in
 # PREFETCH with DEFER is refused: it computed wrong products on the H200 (fp8_linear.py says more).
 _C = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M, variant flags): BLOCK_K is 128 (one scale block per step)
@@ -42,10 +64,9 @@ def _cfg_name(c: dict) -> str:
 
 
 def _us(fn) -> float:
-    import triton.testing
-
-    fn()  # compile / warm
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+    if ceilings.on_gpu():
+        fn()  # compile / warm
+    return ceilings.bench_us(fn, warmup=25, rep=100)
 
 
 def _rel_err(got: torch.Tensor, args) -> float:
@@ -66,17 +87,19 @@ def _row(bench, m, n, k, us, peer, peer_us, goal=GOAL, err=None):
 
 
 def _operands(m, n, k, gen, xg, wg):
+    """(x_q, x_scale, w_q, w_scale, bias None) on the generator's device; ``xg`` / ``wg``: a quantize_fp8
+    granularity, or its (granularity, fp8 dtype, block) arguments."""
     from engine.core.ops.fp8 import quantize_fp8
 
-    x = torch.randn(m, k, generator=gen, device=DEVICE).bfloat16()
-    w = (torch.randn(n, k, generator=gen, device=DEVICE) * k ** -0.5).bfloat16()
+    x = torch.randn(m, k, generator=gen, device=gen.device).bfloat16()
+    w = (torch.randn(n, k, generator=gen, device=gen.device) * k ** -0.5).bfloat16()
     fp8 = torch.float8_e4m3fn
     x_q, xs = quantize_fp8(x, *xg) if isinstance(xg, tuple) else quantize_fp8(x, xg, fp8)
     w_q, ws = quantize_fp8(w, *wg) if isinstance(wg, tuple) else quantize_fp8(w, wg, fp8)
     return x_q, xs, w_q, ws, None
 
 
-def _gemm_rows(m, n, k, gen, sweep: bool) -> list[dict]:
+def _gemm_rows(m, n, k, gen, sweep: bool, sweep_first: int | None = None) -> list[dict]:
     from engine.platforms.triton_kernels import fp8_linear as fl
 
     out = torch.bfloat16
@@ -92,7 +115,7 @@ def _gemm_rows(m, n, k, gen, sweep: bool) -> list[dict]:
     rows.append(_row(f"triton block-scaled GEMM {_cfg_name(cfg)}", m, n, k,
                      _us(lambda: fl.triton_fp8_linear(*args, out)), peer, peer_us, err=err))
     if sweep:
-        for c in SWEEP:
+        for c in SWEEP[:sweep_first]:
             if c == cfg:
                 continue
             try:
@@ -118,7 +141,7 @@ def _quant_rows(m, k, gen) -> list[dict]:
     from engine.core.ops.fp8 import quantize_fp8
     from engine.platforms.triton_kernels import fp8_linear as fl
 
-    x = torch.randn(m, k, generator=gen, device=DEVICE).bfloat16()
+    x = torch.randn(m, k, generator=gen, device=gen.device).bfloat16()
     rows = []
     for group, ref in ((0, lambda: quantize_fp8(x, "token")), (128, lambda: quantize_fp8(x, "block", block=(1, 128)))):
         q, s = fl.triton_fp8_quantize(x, "e4m3fn", group)
@@ -134,28 +157,29 @@ def _quant_rows(m, k, gen) -> list[dict]:
     return rows
 
 
-def run() -> list[dict]:
-    if not torch.cuda.is_available():
-        raise RuntimeError("benchmarks/gpu/fp8.py needs a CUDA GPU")
-    cap = torch.cuda.get_device_capability()
-    if cap < (8, 9):
-        raise RuntimeError(f"FP8 needs compute capability >= 8.9, this GPU is {cap}")
-    gen = torch.Generator(device=DEVICE).manual_seed(0)
+def run(sweep: bool | None = None, tiny: bool = False) -> list[dict]:
+    """The rows above (``sweep``, default ENGINE_BENCH_SWEEP, adds the block-scaled GEMM sweep at the squares;
+    ``tiny``: at ``TINY``, with the sweep's first configuration)."""
+    s = TINY if tiny else FULL
+    if s.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("benchmarks/gpu/fp8.py needs a CUDA GPU")
+        cap = torch.cuda.get_device_capability()
+        if cap < (8, 9):
+            raise RuntimeError(f"FP8 needs compute capability >= 8.9, this GPU is {cap}")
+    gen = torch.Generator(device=s.device).manual_seed(0)
     rows = []
-    for s in SIZES:
-        rows += _gemm_rows(s, s, s, gen, sweep=SWEEP_ON)
-        torch.cuda.empty_cache()
-    rows += _gemm_rows(DECODE_M, 8192, 8192, gen, sweep=False)
-    rows += _quant_rows(8192, 8192, gen)
+    for m, n, k in s.squares:
+        rows += _gemm_rows(m, n, k, gen, sweep=SWEEP_ON if sweep is None else sweep, sweep_first=s.sweep_first)
+        if s.device == "cuda":
+            torch.cuda.empty_cache()
+    rows += _gemm_rows(*s.decode, gen, sweep=False)
+    rows += _quant_rows(*s.quant, gen)
     return rows
 
 
 if __name__ == "__main__":
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    result = run()
+    result = run(tiny="--tiny" in sys.argv)
     keys = list(dict.fromkeys(k for r in result for k in r))
     print("| " + " | ".join(keys) + " |")
     for r in result:

@@ -8,6 +8,8 @@ checked against cuBLAS first. ``run()`` returns rows {"bench", "shape", "us", "t
 "peer_tbps", "ratio", "best_us", "best_config"}.
 
     python benchmarks/gpu/gemv.py
+    python benchmarks/gpu/gemv.py --tiny   # TINY: the same code on small shapes, the sweep's first tile (CI runs it
+                                           # on the CPU under the Triton interpreter: the numbers mean nothing)
 """
 
 from __future__ import annotations
@@ -19,31 +21,37 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.gpu import ceilings  # noqa: E402
+
 # weight [N, K] of the 8B model: fused qkv, o, fused gate_up, down, lm_head
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
 MS = (1, 2, 4)
 # (block_n, block_k, num_warps, num_stages)
 SWEEP = list(itertools.product((4, 8, 16), (256, 512), (4, 8), (3,)))
+TINY = {"shapes": {"qkv": (48, 256), "down": (32, 512)}, "ms": (1, 3), "sweep": SWEEP[:1]}
 
 
-def run() -> list[dict]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from quant import _buffers, _check, _rotating
-
+def run(shapes: dict = SHAPES, ms=MS, sweep=SWEEP, device: str = "cuda", tiny: bool = False) -> list[dict]:
+    """The rows above; ``tiny``: at ``TINY`` (on the CPU under the Triton interpreter where there is no GPU)."""
+    if tiny:
+        shapes, ms, sweep = TINY["shapes"], TINY["ms"], TINY["sweep"]
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    from benchmarks.gpu.quant import _buffers, _check, _rotating
     from engine.platforms.triton_kernels.linear import gemv_config, triton_gemv
 
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    l2 = ceilings.l2_bytes(device)
     rows = []
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in shapes.items():
         nbytes = n * k * 2
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(_buffers(nbytes, l2))]
-        for m in MS:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ws = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * k ** -0.5 for _ in range(_buffers(nbytes, l2))]
+        for m in ms:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             peer = _rotating([functools.partial(torch.nn.functional.linear, x, w) for w in ws], fast=True)
             default = gemv_config(m, k, torch.bfloat16)
             timed = {}
-            for bn, bk, warps, stages in [default[1:], *SWEEP]:
+            for bn, bk, warps, stages in [default[1:], *sweep]:
                 cfg = (default[0], bn, bk, warps, stages)
                 if cfg in timed or bn * bk * default[0] > 16384:  # beyond this the accumulator spills
                     continue
@@ -62,4 +70,4 @@ def run() -> list[dict]:
 
 
 if __name__ == "__main__":
-    run()  # prints each row as it is measured
+    run(tiny="--tiny" in sys.argv)  # prints each row as it is measured

@@ -18,6 +18,9 @@ defaults (GEMV_MAX_M, GEMV_*/DOT_* in the kernel modules).
     ENGINE_BENCH_SWEEP=1 python benchmarks/gpu/quant.py   # plus the sweeps (GEMV_SWEEP, DOT_SWEEP, GGUF_SWEEP)
 
 Timing: CUDA-graph replays of one call per rotating weight buffer (ENGINE_BENCH_GRAPHS=0 times eager calls).
+
+``run(tiny=True)`` (``--tiny``) runs every row, and the first configuration of each sweep when tuning, at ``TINY``:
+on the CPU under the Triton interpreter where there is no GPU (what CI runs: the numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -29,11 +32,18 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.gpu import ceilings  # noqa: E402
+
 SHAPES = ((4096, 14336), (14336, 4096))  # weight [N, K]
 NVFP4_MS = (1, 4, 16)
+# the same rows on small weights: M = 1 runs the NVFP4 GEMV and the dot beside it (and the GEMV sweep), M = 5 the
+# dot alone (and its sweep); the sweeps' first configuration only
+TINY = {"shapes": ((16, 256),), "ms": (1, 5), "copy_numel": 2**16, "sweep_first": 1}
 GGUF_QTYPES = ((2, "Q4_0"), (8, "Q8_0"))
 GOAL_RATIO = 3.5
 GGUF_GOAL_FRACTION = 0.5  # of the copy bandwidth
@@ -54,21 +64,22 @@ GGUF_SWEEP = ([dict(block_n=bn, block_b=bb, num_warps=wp) for bn in (4, 8, 16) f
 
 
 def _do_bench(fn) -> float:
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3  # ms -> us
+    return ceilings.bench_us(fn, warmup=25, rep=200)
 
 
 def _rotating(fns, fast: bool = False) -> float:
     """Median us per call of calls that rotate over ``fns`` (one closure per weight buffer). On CUDA the calls are
     captured once into a CUDA graph (one call per buffer, in order) and the graph's replays are timed, so host launch
-    overhead stays out and capture safety is checked too; where capture fails, eager calls are timed instead."""
+    overhead stays out and capture safety is checked too; where capture fails, eager calls are timed instead. Off a
+    GPU: one call's wall time (ceilings.bench_us)."""
     import triton.testing
 
     warmup, rep = (5, 40) if fast else (25, 200)
+    if not ceilings.on_gpu():
+        return ceilings.bench_us(fns[0])
     for fn in fns:  # compile and allocate outside the capture
         fn()
-    if _USE_GRAPHS and torch.cuda.is_available() and all(_on_cuda(fn) for fn in fns):
+    if _USE_GRAPHS and all(_on_cuda(fn) for fn in fns):
         try:
             torch.cuda.synchronize()
             side = torch.cuda.Stream()
@@ -89,7 +100,7 @@ def _rotating(fns, fast: bool = False) -> float:
                   file=sys.stderr)
             torch.cuda.synchronize()
     it = itertools.cycle(fns)
-    return triton.testing.do_bench(lambda: next(it)(), warmup=warmup, rep=rep, return_mode="median") * 1e3
+    return ceilings.bench_us(lambda: next(it)(), warmup=warmup, rep=rep)
 
 
 def _on_cuda(fn) -> bool:
@@ -120,7 +131,7 @@ def _row(bench, shape, us, nbytes, peer, peer_us, goal, met) -> dict:
 
 
 def _copy_bandwidth(device, numel: int = 2**28) -> tuple[float, float]:
-    """(us, GB/s) of a 1 GiB device-to-device copy, counting bytes read plus bytes written."""
+    """(us, GB/s) of a device-to-device copy of ``numel`` fp32 (1 GiB), counting bytes read plus bytes written."""
     src = torch.randn(numel, device=device)
     dst = torch.empty_like(src)
     us = _do_bench(functools.partial(dst.copy_, src))
@@ -172,10 +183,13 @@ def _tune_rows(label, shape, fns_for, configs, peer_us, nbytes, ref=None):
                  f"info: tuning ({len(configs)} configs)", peer_us / us >= GOAL_RATIO)]
 
 
-def run(tune: bool | None = None, device: str = "cuda") -> list[dict]:
+def run(tune: bool | None = None, device: str = "cuda", tiny: bool = False) -> list[dict]:
     """The rows described in the module docstring (``tune``, default ENGINE_BENCH_SWEEP, adds the block-size sweep).
-    ``device`` other than cuda is for smoke-testing the script's logic under the Triton interpreter (with the timing
-    function replaced)."""
+    ``tiny``: at ``TINY``, on the CPU under the Triton interpreter where there is no GPU."""
+    shapes, ms, copy_numel, first = SHAPES, NVFP4_MS, 2**28, None
+    if tiny:
+        shapes, ms, copy_numel, first = TINY["shapes"], TINY["ms"], TINY["copy_numel"], TINY["sweep_first"]
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if tune is None:
         tune = os.environ.get("ENGINE_BENCH_SWEEP", "0") not in ("", "0")
     if device == "cuda" and not torch.cuda.is_available():
@@ -186,17 +200,16 @@ def run(tune: bool | None = None, device: str = "cuda") -> list[dict]:
     from engine.platforms.triton_kernels import nvfp4 as nmod
 
     dev = torch.device(device)
-    l2 = 50 * 2**20
-    if dev.type == "cuda":
-        l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or l2
+    l2 = ceilings.l2_bytes(dev)
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
-    copy_us, copy_gbps = _copy_bandwidth(dev, 2**28 if dev.type == "cuda" else 2**20)
-    rows.append({"bench": "copy device-to-device (read + write)", "shape": "1 GiB fp32", "us": round(copy_us, 2),
+    copy_us, copy_gbps = _copy_bandwidth(dev, copy_numel)
+    rows.append({"bench": "copy device-to-device (read + write)", "shape": f"{copy_numel * 4 / 2**20:g} MiB fp32",
+                 "us": round(copy_us, 2),
                  "gbps": round(copy_gbps, 1), "peer": "-", "peer_us": round(copy_us, 2), "ratio": 1.0,
                  "goal": "the bandwidth ceiling", "met": True})
 
-    for n, k in SHAPES:
+    for n, k in shapes:
         shape_w = f"{n}x{k}"
         # cuBLAS bf16 weights, rotating
         nb16 = _buffers(n * k * 2, l2)
@@ -210,7 +223,7 @@ def run(tune: bool | None = None, device: str = "cuda") -> list[dict]:
             wq.append((*nmod.quantize(w, gs), gs))
         w = None
         peer_us_by_m = {}
-        for m in NVFP4_MS:
+        for m in ms:
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16, generator=gen)
             peer_us = _rotating([functools.partial(torch.nn.functional.linear, x, w) for w in w16])
             peer_us_by_m[m] = peer_us
@@ -229,10 +242,10 @@ def run(tune: bool | None = None, device: str = "cuda") -> list[dict]:
             if tune:
                 if m == 1:
                     rows += _tune_rows("nvfp4_w4a16[gemv]", f"M={m} {shape_w}",
-                                       functools.partial(_nvfp4_calls, nmod, x, wq, "gemv"), GEMV_SWEEP, peer_us,
-                                       nvfp4_bytes, ref)
+                                       functools.partial(_nvfp4_calls, nmod, x, wq, "gemv"), GEMV_SWEEP[:first],
+                                       peer_us, nvfp4_bytes, ref)
             if tune and m > 1:
-                configs = DOT_SWEEP
+                configs = DOT_SWEEP[:first]
                 rows += _tune_rows("nvfp4_w4a16[dot]", f"M={m} {shape_w}",
                                    functools.partial(_nvfp4_calls, nmod, x, wq, "dot"), configs, peer_us, nvfp4_bytes,
                                    ref)
@@ -251,7 +264,7 @@ def run(tune: bool | None = None, device: str = "cuda") -> list[dict]:
             row["met"] = row["gbps"] >= GGUF_GOAL_FRACTION * copy_gbps
             rows.append(row)
             if tune:
-                configs = GGUF_SWEEP
+                configs = GGUF_SWEEP[:first]
                 rows += _tune_rows(f"gguf_{qname.lower()}_gemv", f"M=1 {shape_w}",
                                    functools.partial(_gguf_calls, gmod, x, raws, qtype, k, "gemv"), configs,
                                    peer_us_by_m[1], raw_bytes)
@@ -276,8 +289,9 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true", help="add the block-configuration sweep (or ENGINE_BENCH_SWEEP=1)")
     ap.add_argument("--no-tune", action="store_true", help="skip the sweep even with ENGINE_BENCH_SWEEP set")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--tiny", action="store_true", help="TINY shapes (CI runs them on the CPU under the interpreter)")
     args = ap.parse_args()
-    rows = run(tune=False if args.no_tune else True if args.tune else None)
+    rows = run(tune=False if args.no_tune else True if args.tune else None, tiny=args.tiny)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

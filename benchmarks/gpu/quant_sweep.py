@@ -6,6 +6,8 @@ reference and timed beside its peer in the same process (``_scaled_mm`` per-tens
     python benchmarks/gpu/quant_sweep.py gemv    # NVFP4 GEMV tiles / splits / decode at M = 1, 2, 4 (and the dot)
     python benchmarks/gpu/quant_sweep.py defaults  # the op's default kernel at M = 1..4 against the dot and cuBLAS
     python benchmarks/gpu/quant_sweep.py gemv1 ['{"block_n": 8}']  # the M = 1 GEMV alone, 20 calls (a profiler's)
+    python benchmarks/gpu/quant_sweep.py --tiny [MODE]   # TINY shapes (CI runs every mode so, on the CPU under the
+                                                         # Triton interpreter: the numbers mean nothing)
 
 Rows are printed as they come (a compiler crash in one variant then loses only what follows it) and written to
 $OUT/sweep_<mode>.json when OUT is set. ``err`` is ||out - ref|| / ||ref|| against the op's reference on fresh
@@ -30,7 +32,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 FP8_SIZES = (4096, 8192)
+NVFP4_SHAPES = ((4096, 14336), (14336, 4096))  # weight [N, K]
 WRONG = 5e-3
+WRONG_TINY = 1e-2  # at TINY, the op's bf16 tolerance: interpreted on the CPU these kernels were 2.6-5.1e-3 off
+# every mode on small shapes: one FP8 scale block of K and the first tile of the FP8 grid; the first NVFP4 variant
+# at each M (the first three in the nvfp4 mode: enough for ``decide`` to score one against the old default)
+TINY = {"fp8_sizes": (128,), "fp8_first": 1, "nvfp4_shapes": ((16, 256),), "variants_first": {"nvfp4": 3},
+        "gemv1_shape": (16, 256), "calls": 2}
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _fp8_configs() -> list[dict]:
@@ -42,18 +54,18 @@ def _fp8_configs() -> list[dict]:
             for bm, bn, w, st, g in grid]
 
 
-def fp8_rows() -> list[dict]:
+def fp8_rows(sizes=FP8_SIZES, first: int | None = None, device="cuda") -> list[dict]:
     from benchmarks.gpu.fp8 import _operands, _rel_err, _us
     from engine.platforms.triton_kernels import fp8_linear as fl
 
-    gen = torch.Generator(device="cuda").manual_seed(int(time.time()))
+    gen = torch.Generator(device=device).manual_seed(int(time.time()))
     rows = []
-    for s in FP8_SIZES:
+    for s in sizes:
         xt, xts, wt, wts, _ = _operands(s, s, s, gen, "tensor", "tensor")
         peer = _us(functools.partial(torch._scaled_mm, xt, wt.t(), scale_a=xts, scale_b=wts, out_dtype=torch.bfloat16))
         args = _operands(s, s, s, gen, ("block", torch.float8_e4m3fn, (1, 128)),
                          ("block", torch.float8_e4m3fn, (128, 128)))
-        for cfg in [None] + _fp8_configs():
+        for cfg in [None] + _fp8_configs()[:first]:
             name = "default" if cfg is None else json.dumps(cfg, sort_keys=True)
             try:
                 err = _rel_err(fl.triton_fp8_linear(*args, torch.bfloat16, config=cfg), args)
@@ -64,7 +76,8 @@ def fp8_rows() -> list[dict]:
             _emit(rows, dict(op="fp8", shape=s, cfg=name, us=round(us, 2), peer_us=round(peer, 2),
                              ratio=round(peer / us, 3), tflops=round(2 * s**3 / us / 1e6, 1), err=f"{err:.2e}",
                              ok=err < 2e-2))
-        torch.cuda.empty_cache()
+        if gen.device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -94,10 +107,11 @@ def decide(rows: list[dict]) -> dict:
     best, best_score = {}, 1.0
     for cfg in _FINAL[1:]:
         name = f"dot {json.dumps(cfg, sort_keys=True)}"
-        t = [(us(m, sh, base), us(m, sh, name)) for m in (1, 2, 4, 16) for sh in shapes]
-        if any(b is None or v is None for b, v in t):
+        t = {(m, sh): (us(m, sh, base), us(m, sh, name)) for m in (1, 2, 4, 16) for sh in shapes}
+        if any(b is None or v is None for b, v in t.values()):
             continue
-        score = math.exp(sum(math.log(b / v) for b, v in t[4:]) / len(t[4:]))  # M = 4 and 16
+        scored = [bv for (m, _), bv in t.items() if m >= 4]  # M = 4 and 16
+        score = math.exp(sum(math.log(b / v) for b, v in scored) / len(scored))
         if score > best_score * 1.03:
             best, best_score = cfg, score
     name = f"dot {json.dumps(best, sort_keys=True)}"
@@ -144,32 +158,36 @@ def _old_module():
     return mod
 
 
-def gemv1(cfg: dict | None = None) -> None:
+def gemv1(cfg: dict | None = None, shape=(4096, 14336), calls: int = 20, device="cuda") -> None:
     """20 calls of the M = 1 GEMV (default config, or ``cfg``) on 4096 x 14336 (bf16), for ncu to pick one."""
     from engine.core.ops.nvfp4 import nvfp4_global_scale
     from engine.platforms.triton_kernels import nvfp4 as nmod
 
-    dev = torch.device("cuda")
-    w = torch.randn((4096, 14336), device=dev, dtype=torch.bfloat16) * 14336**-0.5
+    dev = torch.device(device)
+    n, k = shape
+    w = torch.randn((n, k), device=dev, dtype=torch.bfloat16) * k**-0.5
     gs = nvfp4_global_scale(w)
     q = (*nmod.quantize(w, gs), gs)
-    x = torch.randn((1, 14336), device=dev, dtype=torch.bfloat16)
-    for _ in range(20):
+    x = torch.randn((1, k), device=dev, dtype=torch.bfloat16)
+    for _ in range(calls):
         nmod.w4a16_linear(x, *q, None, kernel="gemv", config=cfg)
-    torch.cuda.synchronize()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
 
 
-def nvfp4_rows(variants=_nvfp4_final, ms=(1, 2, 4, 16)) -> list[dict]:
+def nvfp4_rows(variants=_nvfp4_final, ms=(1, 2, 4, 16), shapes=NVFP4_SHAPES, device="cuda",
+               variants_first: int | None = None, wrong: float = WRONG) -> list[dict]:
+    from benchmarks.gpu import ceilings
     from benchmarks.gpu.quant import _buffers, _rel_err, _rotating
     from engine.core.ops.nvfp4 import _nvfp4_linear_ref, nvfp4_global_scale
     from engine.platforms.triton_kernels import nvfp4 as nmod
 
-    dev = torch.device("cuda")
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    dev = torch.device(device)
+    l2 = ceilings.l2_bytes(dev)
     gen = torch.Generator(device=dev).manual_seed(int(time.time()))
     old = _old_module() if os.environ.get("NVFP4_OLD") else None
     rows = []
-    for n, k in ((4096, 14336), (14336, 4096)):
+    for n, k in shapes:
         wbytes = n * k // 2 + n * k // 16  # packed codes + e4m3 block scales
         w16 = [torch.randn((n, k), device=dev, dtype=torch.bfloat16, generator=gen) * k**-0.5
                for _ in range(_buffers(n * k * 2, l2))]
@@ -182,7 +200,7 @@ def nvfp4_rows(variants=_nvfp4_final, ms=(1, 2, 4, 16)) -> list[dict]:
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16, generator=gen)
             peer = _rotating([functools.partial(torch.nn.functional.linear, x, w) for w in w16], fast=True)
             ref = _nvfp4_linear_ref(x, *wq[0], None)
-            for kernel, cfg in variants(m):
+            for kernel, cfg in variants(m)[:variants_first]:
                 name = f"{kernel} {json.dumps(cfg, sort_keys=True)}"
                 mod, kw = ((old, {}) if kernel == "old" else (nmod, {}) if kernel == "default"
                            else (nmod, dict(kernel=kernel, config=cfg)))
@@ -195,9 +213,10 @@ def nvfp4_rows(variants=_nvfp4_final, ms=(1, 2, 4, 16)) -> list[dict]:
                     continue
                 _emit(rows, dict(op="nvfp4", shape=f"M={m} {n}x{k}", cfg=name, us=round(us, 2),
                                  peer_us=round(peer, 2), ratio=round(peer / us, 3), err=f"{err:.2e}",
-                                 tbs=round(wbytes / us / 1e6, 2), ok=err < WRONG))
+                                 tbs=round(wbytes / us / 1e6, 2), ok=err < wrong))
         w16 = wq = None
-        torch.cuda.empty_cache()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -211,19 +230,32 @@ def _emit(rows: list, row: dict) -> None:
               f"ratio {row['ratio']}, err {row['err']}{'' if row['ok'] else ' WRONG'}", flush=True)
 
 
-def main() -> None:
-    what = sys.argv[1] if len(sys.argv) > 1 else "nvfp4"
+def run(what: str = "nvfp4", cfg: dict | None = None, tiny: bool = False) -> list[dict]:
+    """One mode's rows (printed as they come); ``tiny``: at ``TINY``, on the CPU where there is no GPU."""
+    t = TINY if tiny else {}
+    dev = _device() if tiny else "cuda"
+    shapes = dict(shapes=t.get("nvfp4_shapes", NVFP4_SHAPES), device=dev, wrong=WRONG_TINY if tiny else WRONG,
+                  variants_first=t["variants_first"].get(what, 1) if tiny else None)
     if what == "fp8":
-        rows = fp8_rows()
-    elif what == "gemv1":
-        return gemv1(json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)
-    elif what == "gemv":
-        rows = nvfp4_rows(_gemv_variants, ms=(1, 2, 4))
-    elif what == "defaults":
-        rows = nvfp4_rows(_default_variants, ms=(1, 2, 3, 4))
-    else:
-        rows = nvfp4_rows()
-        print("DECISION", json.dumps(decide(rows)), flush=True)
+        return fp8_rows(t.get("fp8_sizes", FP8_SIZES), t.get("fp8_first"), dev)
+    if what == "gemv1":
+        gemv1(cfg, t.get("gemv1_shape", (4096, 14336)), t.get("calls", 20), dev)
+        return []
+    if what == "gemv":
+        return nvfp4_rows(_gemv_variants, ms=(1, 2, 4), **shapes)
+    if what == "defaults":
+        return nvfp4_rows(_default_variants, ms=(1, 2, 3, 4), **shapes)
+    rows = nvfp4_rows(**shapes)
+    print("DECISION", json.dumps(decide(rows)), flush=True)
+    return rows
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if a != "--tiny"]
+    what = args[0] if args else "nvfp4"
+    rows = run(what, json.loads(args[1]) if what == "gemv1" and len(args) > 1 else None, "--tiny" in sys.argv)
+    if what == "gemv1":
+        return
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, f"sweep_{what}.json"), "w") as f:

@@ -1,0 +1,189 @@
+"""The GPU benchmarks are code: each one imports, builds its cases and runs its rows at its tiny size here, so that a
+rename in the product code cannot break one unnoticed (issue 25: benchmarks/gpu/attention.py still called the removed
+``attention._sm_count`` and crashed on the H200).
+
+Without a GPU the Triton kernels run under the interpreter on CPU tensors (tests/conftest.py sets TRITON_INTERPRET=1
+before Triton is imported) and the benchmarks' timers run each call once (benchmarks/gpu/ceilings.py): every row's
+code runs, kernel results are still checked against the references, the times mean nothing. On a GPU the same tiny
+runs are timed for real. Gluon kernels cannot be interpreted: their benchmarks build the cases and time the Triton
+and torch peers here, and launch the Gluon kernels only on an sm_90 GPU.
+
+Paths that cannot run here (CUDA-graph capture, the Gluon launches off Hopper) are covered by ``test_names_resolve``:
+every name a benchmark takes from the engine or from another benchmark module must exist.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.plugin_helpers import REPO
+
+pytest.importorskip("triton", reason="the GPU benchmarks need triton (pip install -e '.[test]')")
+
+BENCH = REPO / "benchmarks"
+FILES = [BENCH / "bench_gpu.py", *sorted((BENCH / "gpu").glob("*.py"))]
+PROJECT = ("engine", "benchmarks")
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+NO_GLUON = "Gluon kernels cannot run under the Triton interpreter: their launch needs an sm_90 (Hopper) CUDA GPU"
+
+
+def _module(name: str):
+    return importlib.import_module(f"benchmarks.gpu.{name}")
+
+
+def _problems(rows: list[dict]) -> list[dict]:
+    """Rows that report a wrong result, an error or a failed configuration."""
+    bad = []
+    for r in rows:
+        words = f"{r.get('bench', '')} {r.get('goal', '')}"
+        if ("error" in r or r.get("ok") is False or "WRONG" in words or "NOT BIT-EXACT" in words
+                or "failed" in str(r.get("goal", "")) or not r.get("max_rel_err", 0) < 2e-2):
+            bad.append(r)
+    return bad
+
+
+def _resolve(module: str, name: str):
+    mod = importlib.import_module(module)
+    if hasattr(mod, name):
+        return getattr(mod, name)
+    return importlib.import_module(f"{module}.{name}")  # a submodule not imported yet
+
+
+# ---- every name a benchmark uses exists ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_names_resolve(path: Path):
+    """Each ``from engine... / benchmarks... import name`` resolves, and each ``alias.name`` on a module imported from
+    them exists (a private helper included: ``attention._sm_count`` was one), in every function, run here or not."""
+    tree = ast.parse(path.read_text(), str(path))
+    missing, modules = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] in PROJECT:
+            for alias in node.names:
+                try:
+                    obj = _resolve(node.module, alias.name)
+                except (ImportError, AttributeError) as exc:
+                    missing.append(f"line {node.lineno}: from {node.module} import {alias.name} ({exc})")
+                    continue
+                if inspect.ismodule(obj):
+                    modules[alias.asname or alias.name] = obj
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PROJECT:
+                    try:
+                        mod = importlib.import_module(alias.name)
+                    except ImportError as exc:
+                        missing.append(f"line {node.lineno}: import {alias.name} ({exc})")
+                        continue
+                    if alias.asname:
+                        modules[alias.asname] = mod
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and not hasattr(modules[node.value.id], node.attr)):
+            missing.append(f"line {node.lineno}: {node.value.id}.{node.attr} "
+                           f"({modules[node.value.id].__name__} has no {node.attr!r})")
+    assert not missing, f"{path.relative_to(REPO)} uses names that do not exist:\n" + "\n".join(missing)
+
+
+# ---- each benchmark at its tiny size ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("attention", dict(sweep=True)),
+    ("moe", dict(sweep=True)),
+    ("fp8", dict(sweep=True)),
+    ("quant", dict(tune=True)),
+    ("gemv", {}),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_kernel_benchmark_tiny(name, kwargs):
+    """Every row of the section (and the first setting of each sweep) at the module's tiny size; kernel results
+    checked against the references as on the GPU."""
+    rows = _module(name).run(tiny=True, **kwargs)
+    assert rows, f"benchmarks/gpu/{name}.py returned no rows"
+    assert not _problems(rows), _problems(rows)
+    if name == "quant":  # a sweep whose configurations all fail leaves no row: each one left its best
+        tuned = {r["bench"].split(" tuned-best")[0] for r in rows if "tuned-best" in r["bench"]}
+        assert tuned == {"nvfp4_w4a16[gemv]", "nvfp4_w4a16[dot]", "gguf_q4_0_gemv", "gguf_q8_0_gemv"}, tuned
+
+
+@pytest.mark.parametrize("mode", ["fp8", "nvfp4", "gemv", "defaults", "gemv1"])
+def test_quant_sweep_tiny(mode, monkeypatch):
+    """Each mode of quant_sweep.py; the gemv mode also loads an "earlier" nvfp4.py beside the current one."""
+    qs = _module("quant_sweep")
+    monkeypatch.setenv("NVFP4_OLD", str(REPO / "platforms" / "triton_kernels" / "nvfp4.py"))
+    rows = qs.run(mode, tiny=True)
+    assert not _problems(rows), _problems(rows)
+    if mode == "gemv1":
+        return
+    assert rows
+    if mode == "gemv":
+        assert any(r["cfg"].startswith("old ") for r in rows)
+    if mode == "nvfp4":
+        assert set(qs.decide(rows)) == {"cfg", "score", "gemv_max_m"}
+
+
+def test_fp8_gluon_cases():
+    """fp8_gluon.py without the Gluon launches: its operands, the Triton kernel and the _scaled_mm peer per shape."""
+    fg = _module("fp8_gluon")
+    rows = fg.run(tiny=True, gluon=False)
+    shapes = fg.TINY["shapes"]
+    assert len(rows) == sum(len(fg.VARIANTS) if m == n == k else 1 for m, n, k in shapes), rows
+    assert not _problems(rows), _problems(rows)
+
+
+def test_nvfp4_gluon_cases():
+    """nvfp4_gluon.py without the Gluon launches: the copy ceiling, cuBLAS and the Triton default per shape and M."""
+    ng = _module("nvfp4_gluon")
+    rows = ng.rows(ng.CONFIGS, **ng.TINY, device="cuda" if torch.cuda.is_available() else "cpu", gluon=False,
+                   wrong=ng.WRONG_TINY)
+    shapes, ms = ng.TINY["shapes"], ng.TINY["ms"]
+    assert sum(r["kernel"] == "triton" for r in rows) == len(shapes) * len(ms), rows
+    assert sum(r["kernel"] == "ceiling" for r in rows) == len(shapes), rows
+    assert not _problems(rows), _problems(rows)
+    assert ng.summary(rows, **ng.TINY) == []  # no Gluon rows to rank
+
+
+@pytest.mark.skipif(not HOPPER, reason=NO_GLUON)
+def test_fp8_gluon_launch():
+    fg = _module("fp8_gluon")
+    rows = fg.run(tiny=True, gluon=True)
+    assert rows and all("us" in r for r in rows), rows
+    assert not _problems(rows), _problems(rows)
+
+
+@pytest.mark.skipif(not HOPPER, reason=NO_GLUON)
+def test_nvfp4_gluon_launch():
+    ng = _module("nvfp4_gluon")
+    rows = ng.rows(ng.CONFIGS, **ng.TINY, gluon=True, wrong=ng.WRONG_TINY)
+    gluon = [r for r in rows if r["kernel"] == "gluon"]
+    assert len(gluon) == len(ng.CONFIGS) * len(ng.TINY["ms"]) * len(ng.TINY["shapes"]), rows
+    assert not _problems(rows), _problems(rows)
+    assert ng.summary(rows, **ng.TINY)
+
+
+# ---- bench_gpu.py ----------------------------------------------------------------------------------------------
+
+
+def test_bench_gpu_tiny(tmp_path):
+    """bench_gpu.py --tiny: the ceilings and the engine section (HF generate beside the engine on a 2-layer random
+    Llama, graph replay timing, the decode profile); its kernel sections are the modules run above, each importable
+    by the name it dispatches and taking ``tiny``."""
+    bench_gpu = importlib.import_module("benchmarks.bench_gpu")
+    for name in bench_gpu.KERNEL_SECTIONS:
+        assert "tiny" in inspect.signature(_module(name).run).parameters, name
+    assert bench_gpu.main(["--tiny", "--only", "engine", "--profile", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "bench_gpu.json").read_text())
+    assert not result["errors"], "\n".join(result["errors"].values())
+    rows = result["sections"]["engine"]
+    assert [r["bench"] for r in rows] == ["engine generate tiny", "engine single request tiny", "profile tiny"]
+    assert all(r["tok_s"] > 0 and r["peer_tok_s"] > 0 for r in rows[:2]), rows
+    assert (tmp_path / "bench_gpu.md").read_text().startswith(result["device"])
+    assert list(tmp_path.glob("profile_tiny_2req.txt"))
