@@ -242,7 +242,14 @@ def gluon_fp8_block_linear(x_q, x_scale, w_q, w_scale, bias, out_dtype, config: 
 
 def compile_for_sm90(out_dtype=torch.bfloat16, has_bias=False, stages=None):
     """The kernel compiled for sm_90 with the installed Triton, no GPU needed (``triton.compile`` with an explicit
-    target); ``.asm`` holds its ttgir / ptx / cubin. For CI and for reading the SASS before spending device time."""
+    target); ``.asm`` holds its ttgir / ptx / cubin. For CI and for reading the SASS before spending device time.
+    Under Triton's interpreter the compile runs in a fresh process without it (see ``gluon_compile``) and what comes
+    back carries ``.asm`` and ``.metadata`` only."""
+    from engine.platforms.cuda.gluon_compile import compile_outside_interpreter, interpreter_on
+
+    if interpreter_on():
+        return compile_outside_interpreter(__name__, "compile_for_sm90",
+                                           dict(out_dtype=out_dtype, has_bias=has_bias, stages=stages))
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type

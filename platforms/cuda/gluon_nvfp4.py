@@ -294,7 +294,15 @@ def compile_sm(dtype: torch.dtype = torch.bfloat16, m: int = 16, has_bias: bool 
                capability: int = 90, row_tiles: int = 2, warps: int = 4, ks: int = KS,
                depth: int = DEPTH, even: bool = True):
     """Compile the kernel ahead of time for ``sm_<capability>`` (no GPU needed); returns Triton's compiled kernel
-    (``.asm["ptx"]``, ``.asm["cubin"]``). The tests and the SASS checks use it."""
+    (``.asm["ptx"]``, ``.asm["cubin"]``). The tests and the SASS checks use it. Under Triton's interpreter the
+    compile runs in a fresh process without it (``gluon_compile``: ``gl.sum`` cannot be compiled there) and what
+    comes back carries ``.asm`` and ``.metadata`` only."""
+    from engine.platforms.cuda.gluon_compile import compile_outside_interpreter, interpreter_on
+
+    if interpreter_on():
+        return compile_outside_interpreter(__name__, "compile_sm", dict(
+            dtype=dtype, m=m, has_bias=has_bias, split=split, capability=capability, row_tiles=row_tiles,
+            warps=warps, ks=ks, depth=depth, even=even))
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
