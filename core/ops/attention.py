@@ -18,6 +18,7 @@ import torch
 from .inputs import randint, randn
 from .precision import REF_DTYPES, acc
 from .registry import Case, OpDef, Tolerance
+from .shapes import HEADS, fit, log_int, special_rows
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TOL = {
@@ -145,64 +146,125 @@ def _prefill_fake(q, key_cache, value_cache, block_tables, cu_seqlens_q, seq_len
 
 
 def make_paged_layout(seq_lens: list[int], block_size: int, gen: torch.Generator, spare_blocks: int = 3,
-                      spare_columns: int = 1) -> tuple[torch.Tensor, int]:
+                      spare_columns: int = 1, shared_blocks: int = 0, gaps: bool = False) -> tuple[torch.Tensor, int]:
     """A shuffled int32 block table [B, max_blocks] for ``seq_lens`` and the number of blocks it needs.
 
     Each sequence gets distinct blocks in random order; unused table entries point at random blocks
     (some of them other sequences' or spare ones), so a kernel that reads past seq_len reads garbage.
-    """
+    ``shared_blocks``: every sequence's first blocks are sequence 0's (a shared prompt prefix, as prefix caching
+    makes them). ``gaps``: some unused entries hold -1 or an index past the cache (the contract lets them hold any
+    value), so a kernel that dereferences them reads out of bounds."""
     need = [math.ceil(n / block_size) for n in seq_lens]
-    num_blocks = sum(need) + spare_blocks
+    shared = min([shared_blocks, *need]) if shared_blocks else 0
+    num_blocks = need[0] + sum(n - shared for n in need[1:]) + spare_blocks
     width = max(need) + spare_columns
     perm = torch.randperm(num_blocks, generator=gen)
     table = randint(0, num_blocks, (len(seq_lens), width), "cpu", gen)
     used = 0
     for b, n in enumerate(need):
-        table[b, :n] = perm[used: used + n]
-        used += n
+        own = n if b == 0 else n - shared
+        if b > 0 and shared:
+            table[b, :shared] = table[0, :shared]
+        table[b, n - own:n] = perm[used: used + own]
+        used += own
+    if gaps:
+        unused = torch.arange(width)[None, :] >= torch.tensor(need)[:, None]
+        wild = torch.where(torch.rand(table.shape, generator=gen) < 0.5, -1, num_blocks + 7)
+        table = torch.where(unused, wild, table)
     return table.to(torch.int32), num_blocks
 
 
-def random_seq_lens(batch: int, max_len: int, block_size: int, gen: torch.Generator) -> list[int]:
-    """Random lengths in [1, max_len]; the first is forced off a block_size multiple."""
-    lens = randint(1, max_len + 1, (batch,), "cpu", gen).tolist()
+def random_seq_lens(batch: int, max_len: int, block_size: int, gen: torch.Generator, min_len: int = 1) -> list[int]:
+    """Random lengths in [min_len, max_len]; the first is forced off a block_size multiple."""
+    lens = randint(min_len, max_len + 1, (batch,), "cpu", gen).tolist()
     if lens[0] % block_size == 0:
         lens[0] -= 1 if lens[0] > 1 else -1
     return lens
 
 
 def _paged_kv(p, lens, dtype, device, gen):
-    bt, nb = make_paged_layout(lens, p["block_size"], gen)
+    bt, nb = make_paged_layout(lens, p["block_size"], gen, shared_blocks=p.get("shared_blocks", 0),
+                               gaps=p.get("gaps", False))
     shape = (nb, p["block_size"], p["hk"], p["head_dim"])
     return randn(shape, dtype, device, gen), randn(shape, dtype, device, gen), bt.to(device)
 
 
 def _decode_inputs(p, dtype, device, gen):
-    lens = random_seq_lens(p["batch"], p["max_len"], p["block_size"], gen)
+    lens = random_seq_lens(p["batch"], p["max_len"], p["block_size"], gen, p.get("min_len", 1))
     kc, vc, bt = _paged_kv(p, lens, dtype, device, gen)
-    q = randn((p["batch"], p["hq"], p["head_dim"]), dtype, device, gen)
+    q = _queries((p["batch"], p["hq"], p["head_dim"]), p, dtype, device, gen)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     return q, kc, vc, bt, seq_lens, p["head_dim"] ** -0.5
 
 
 def _prefill_inputs(p, dtype, device, gen):
     """q_mode "full": q_len = seq_len (plain prefill); "partial": 1 <= q_len <= seq_len (chunked prefill or a
-    prefix-cache hit); "mixed": alternate, starting with full."""
-    lens = random_seq_lens(p["batch"], p["max_len"], p["block_size"], gen)
+    prefix-cache hit; at most ``max_q``); "mixed": alternate, starting with full; "one": one query per sequence."""
+    lens = random_seq_lens(p["batch"], p["max_len"], p["block_size"], gen, p.get("min_len", 1))
     mode = p.get("q_mode", "mixed")
     q_lens = []
     for b, n in enumerate(lens):
         full = mode == "full" or (mode == "mixed" and b % 2 == 0)
-        q_lens.append(n if full else int(randint(1, n + 1, (1,), "cpu", gen)))
+        q_lens.append(1 if mode == "one" else n if full else int(randint(1, min(n, p.get("max_q", n)) + 1, (1,),
+                                                                                "cpu", gen)))
     kc, vc, bt = _paged_kv(p, lens, dtype, device, gen)
-    q = randn((sum(q_lens), p["hq"], p["head_dim"]), dtype, device, gen)
+    q = _queries((sum(q_lens), p["hq"], p["head_dim"]), p, dtype, device, gen)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     return q, kc, vc, bt, cu, seq_lens, p["head_dim"] ** -0.5
 
 
+def _queries(shape, p, dtype, device, gen):
+    """Queries; with ``special`` the first (token, head) rows are zero, tiny and 50x (scores of several hundred:
+    a softmax without its running maximum overflows exp)."""
+    q = randn(shape, dtype, "cpu", gen)
+    return (special_rows(q, huge=50.0) if p.get("special") else q).to(device)
+
+
 def _shape(batch, hq, hk, d, bs, max_len, **extra):
     return {"batch": batch, "hq": hq, "hk": hk, "head_dim": d, "block_size": bs, "max_len": max_len, **extra}
+
+
+def _heads(rng):
+    hq, hk, d = rng.choice(HEADS)
+    return {"hq": hq, "hk": hk, "head_dim": d}
+
+
+def _draw_decode(rng, budget):
+    """single (one sequence, up to 2048 keys), batch (2-64 sequences), long (past 4096 keys), shared (a common prefix
+    of blocks, unused table entries of -1 and past the cache) and special (zero, tiny and huge query rows, and
+    sequences of one key)."""
+    def case(name, batch, max_len, min_len=1, **extra):
+        h = _heads(rng)
+        per_key = h["hq"] * h["head_dim"] + h["hk"] * h["head_dim"]  # work per key and the cache it reads
+        max_len = fit(max_len, batch * per_key, budget >> 2, min_len)
+        return Case(name, {"batch": batch, **h, "block_size": rng.choice((16, 16, 32)), "max_len": max_len,
+                           "min_len": min(min_len, max_len), **extra}, engine_shape=True)
+    return [case("draw_single", 1, log_int(rng, 1, 2048)),
+            case("draw_batch", log_int(rng, 2, 64), log_int(rng, 16, 1024)),
+            case("draw_long", 1, log_int(rng, 4097, 16384), 4097),
+            case("draw_shared", log_int(rng, 3, 8), log_int(rng, 64, 512), 64, shared_blocks=rng.randint(1, 3),
+                 gaps=True),
+            case("draw_special", log_int(rng, 3, 16), log_int(rng, 1, 300), special=True)]
+
+
+def _draw_prefill(rng, budget):
+    """full (whole prompts), chunk (a chunk of queries over a context past 4096 keys), shared (prefix-cache hits on
+    shared blocks, gaps in the table), one (one query per sequence) and special (zero, tiny and huge queries)."""
+    def case(name, batch, max_len, min_len=1, q_per_seq=None, **extra):
+        h = _heads(rng)
+        q = q_per_seq or max_len
+        per_key = batch * q * h["hq"] * h["head_dim"]
+        max_len = fit(max_len, per_key, budget >> 1, min_len)
+        return Case(name, {"batch": batch, **h, "block_size": rng.choice((16, 16, 32)), "max_len": max_len,
+                           "min_len": min(min_len, max_len), **extra}, engine_shape=True)
+    chunk = log_int(rng, 16, 256)
+    return [case("draw_full", log_int(rng, 1, 4), log_int(rng, 32, 512), q_mode="full"),
+            case("draw_chunk", 1, log_int(rng, 4097, 8192), 4097, q_per_seq=chunk, q_mode="partial", max_q=chunk),
+            case("draw_shared", log_int(rng, 2, 6), log_int(rng, 64, 384), 64, q_mode="mixed",
+                 shared_blocks=rng.randint(1, 3), gaps=True),
+            case("draw_one", log_int(rng, 2, 16), log_int(rng, 1, 1024), q_per_seq=1, q_mode="one"),
+            case("draw_special", log_int(rng, 1, 3), log_int(rng, 16, 200), q_mode="mixed", special=True)]
 
 
 _DECODE_CASES = [
@@ -220,6 +282,8 @@ paged_attention_decode = OpDef(
     fake=_decode_fake,
     make_inputs=_decode_inputs,
     cases=_DECODE_CASES,
+    draw=_draw_decode,
+    error_scale=lambda q, key_cache, value_cache, *rest: value_cache.abs().amax().item(),
     tolerances=_TOL,
     doc="q [B, Hq, D]: one new query per sequence (its K/V already in the cache); key_cache, value_cache "
         "[num_blocks, block_size, Hk, D]; block_tables int32 [B, max_blocks]; seq_lens int32 [B] (>= 1). "
@@ -240,6 +304,8 @@ paged_attention_prefill = OpDef(
         Case("gqa3_d128_bs16_mixed", _shape(3, 6, 2, 128, 16, 50)),
         Case("single_full_bs32", _shape(1, 9, 3, 64, 32, 77, q_mode="full")),
     ],
+    draw=_draw_prefill,
+    error_scale=lambda q, key_cache, value_cache, *rest: value_cache.abs().amax().item(),
     tolerances=_TOL,
     doc="q [T, Hq, D]: the new tokens of B sequences packed, sequence b owning rows cu_seqlens_q[b] to "
         "cu_seqlens_q[b+1] (int32 [B+1]); they are the LAST q_len_b of its seq_lens[b] tokens (int32 [B]), "

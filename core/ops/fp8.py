@@ -20,6 +20,7 @@ import torch
 from .inputs import randn, uniform
 from .precision import acc
 from .registry import Case, OpDef, Tolerance
+from .shapes import HIDDEN, matmul_cases
 
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 BLOCK_K = 128
@@ -147,6 +148,19 @@ def _fp8_linear_inputs(p, dtype, device, gen):
     return x_q, x_scale, w_q, w_scale, bias, dtype
 
 
+def _draw(rng, budget):
+    """The matmul regimes in every granularity and flavour; where the budget is an accelerator's, a block-scaled
+    GEMM of 4096 x 4096 outputs (the prefill of an FP8 model's layer), the size large-GEMM kernels take."""
+    cases = matmul_cases(rng, budget, lambda m, n, k: {"m": m, "n": n, "k": k, "granularity": rng.choice(
+        tuple(GRANULARITIES)), "fp8": rng.choice(("e4m3fn", "e4m3fnuz")), "bias": rng.random() < 0.3},
+        align_n=128, ks=tuple(k for k in HIDDEN if k % 128 == 0))
+    k = min(4096, budget // (4096 * 4096)) // 128 * 128
+    if k >= 128:
+        cases.append(Case("draw_large_block", {"m": 4096, "n": 4096, "k": k, "granularity": "block", "fp8": "e4m3fn"},
+                          engine_shape=True))
+    return cases
+
+
 fp8_linear = OpDef(
     name="fp8_linear",
     schema=("(Tensor x_q, Tensor x_scale, Tensor w_q, Tensor w_scale, Tensor? bias, ScalarType out_dtype)"
@@ -154,6 +168,7 @@ fp8_linear = OpDef(
     reference=_fp8_linear_ref,
     fake=_fp8_linear_fake,
     make_inputs=_fp8_linear_inputs,
+    draw=_draw,
     cases=[
         Case("tensor_e4m3fn", {"m": 4, "n": 48, "k": 64, "granularity": "tensor", "fp8": "e4m3fn",
                                "bias": True}),

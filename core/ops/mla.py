@@ -66,6 +66,7 @@ def _mla_decode_inputs(p, dtype, device, gen):
 
 mla_decode = OpDef(
     name="mla_decode",
+    error_scale=lambda q, kv_cache, *rest: kv_cache.abs().amax().item(),
     schema="(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale, int v_dim=512)"
            " -> Tensor",
     reference=_mla_decode_ref,

@@ -7,6 +7,7 @@ import torch
 from .inputs import randn, uniform
 from .precision import acc
 from .registry import Case, OpDef, Tolerance
+from .shapes import HIDDEN, elements, fit, log_int, special_rows
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +89,7 @@ def _fused_moe_ref(x, w13, w2, router_logits, top_k, renormalize):
     for e, tokens, weight in expert_groups(router_logits, top_k, renormalize, w13.shape[0]):
         gate_up = xf[tokens] @ acc(w13[e]).t()
         h = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out.index_add_(0, tokens, (h @ acc(w2[e]).t()) * weight)
+        out[tokens] += (h @ acc(w2[e]).t()) * weight  # a token meets each expert at most once
     return out.to(x.dtype)
 
 
@@ -105,9 +106,33 @@ def distinct_logits(tokens: int, experts: int, dtype, device, gen: torch.Generat
     return (perm * 0.25 - experts * 0.125 + noise).to(dtype=dtype, device=device)
 
 
+# (experts, top_k) of real MoE models: Mixtral, Qwen1.5-MoE, DeepSeek-V2-Lite, Qwen3-MoE; and a top-1 router
+MOE_ROUTING = ((8, 2), (60, 4), (64, 6), (128, 8), (16, 1))
+
+
+def draw_moe(rng, budget, **extra):
+    """decode (1-16 tokens), prefill (64-1024 tokens) and special (zero, tiny and huge token rows), each with a real
+    model's routing and hidden size; the intermediate size is what the budget leaves (a multiple of 16)."""
+    cap = elements(budget) * 4  # the experts' weights are most of a case
+    cases = []
+    for name, lo, hi, special in (("draw_decode", 1, 16, False), ("draw_prefill", 64, 1024, False),
+                                  ("draw_special", 8, 64, True)):
+        e, k = rng.choice(MOE_ROUTING)
+        h = rng.choice(HIDDEN)
+        inter = max(16, min(2 * h, cap // (3 * e * h)) // 16 * 16)
+        while 3 * e * h * inter > cap and h > 64:
+            h //= 2
+        t = fit(log_int(rng, lo, hi), k * 3 * h * inter, budget, 1)
+        cases.append(Case(name, {"tokens": t, "hidden": h, "inter": inter, "experts": e, "top_k": k,
+                                 "renormalize": rng.random() < 0.5, "special": special,
+                                 **{key: rng.choice(values) for key, values in extra.items()}}, engine_shape=True))
+    return cases
+
+
 def _fused_moe_inputs(p, dtype, device, gen):
     t, h, i, e = p["tokens"], p["hidden"], p["inter"], p["experts"]
-    x = randn((t, h), dtype, device, gen)
+    x = randn((t, h), dtype, "cpu", gen)
+    x = (special_rows(x) if p.get("special") else x).to(device)
     # Scaled so gate/up and the output are O(1); per-expert magnitudes differ so a wrong expert id shows.
     mag = uniform((e, 1, 1), 0.5, 2.0, torch.float32, "cpu", gen)
     w13 = randn((e, 2 * i, h), torch.float32, "cpu", gen, scale=h ** -0.5) * mag
@@ -127,6 +152,7 @@ fused_moe = OpDef(
     reference=_fused_moe_ref,
     fake=_fused_moe_fake,
     make_inputs=_fused_moe_inputs,
+    draw=draw_moe,
     cases=[
         _case("mixtral_tiny", tokens=6, hidden=64, inter=96, experts=8, top_k=2, renormalize=True),
         _case("e16_top4", tokens=9, hidden=48, inter=32, experts=16, top_k=4, renormalize=False),

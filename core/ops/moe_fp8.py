@@ -19,9 +19,10 @@ import torch
 
 from .fp8 import FP8_DTYPES, quantize_fp8
 from .inputs import randn, uniform
-from .moe import _check, distinct_logits, expert_groups
+from .moe import _check, distinct_logits, draw_moe, expert_groups
 from .precision import REF_DTYPES
 from .registry import Case, OpDef, Tolerance
+from .shapes import special_rows
 
 ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -71,7 +72,7 @@ def _fused_moe_fp8_ref(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k
         # the intermediate is stored in x's dtype (as every implementation keeps it), then quantized per row
         h = (torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]).to(x.dtype)
         y = _quant_dequant(h, fp8) @ dequantize_expert(w2_q, w2_scale, e).t()
-        out.index_add_(0, tokens, y * weight)
+        out[tokens] += y * weight  # a token meets each expert at most once
     return out.to(x.dtype)
 
 
@@ -107,6 +108,7 @@ def _fused_moe_fp8_inputs(p, dtype, device, gen):
     g = p["granularity"]
     # per-token magnitudes in [0.7, 1.4] too, so a wrong activation scale shows
     x = randn((t, h), torch.float32, "cpu", gen) * torch.exp2(uniform((t, 1), -0.5, 0.5, torch.float32, "cpu", gen))
+    x = special_rows(x) if p.get("special") else x
     w13_q, w13_scale = _quantize_experts(_varied_weights(e, 2 * i, h, gen, h ** -0.5), g, fp8)
     w2_q, w2_scale = _quantize_experts(_varied_weights(e, h, i, gen, i ** -0.5), g, fp8)
     logits = distinct_logits(t, e, dtype, device, gen)
@@ -126,6 +128,8 @@ fused_moe_fp8 = OpDef(
     reference=_fused_moe_fp8_ref,
     fake=_fused_moe_fp8_fake,
     make_inputs=_fused_moe_fp8_inputs,
+    draw=lambda rng, budget: draw_moe(rng, budget, fp8=("e4m3fn", "e4m3fnuz"),
+                                      granularity=("channel", "tensor", "tensor3d")),
     cases=[
         _case("mixtral_tiny_channel", tokens=6, hidden=64, inter=96, experts=8, top_k=2, renormalize=True,
               fp8="e4m3fn", granularity="channel"),

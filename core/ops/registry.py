@@ -69,6 +69,9 @@ class OpDef:
     # a few rows (at most 1 in 64, and at least 1) exceed the error bound derived from the reference, within the
     # declared tolerance.
     quantizes_intermediates: bool = False
+    # error_scale(*args) -> float: the magnitude of the terms each output sums, where an output can be far smaller
+    # than them (attention averages values of either sign): the kit's error bound allows roundings of this much.
+    error_scale: Callable | None = None
 
     def __post_init__(self):
         _LIB.define(self.name + self.schema)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -37,24 +38,11 @@ class Check:
 
     @property
     def id(self) -> str:
-        return (f"{self.op.name}-{self.impl.qualname}-{self.case.name}-{_dtype_name(self.dtype)}"
+        return (f"{self.op.name}-{self.impl.qualname}-{self.case.name}-{dtype_name(self.dtype)}"
                 + ("-strided" if self.strided else ""))
 
 
-@dataclass(frozen=True)
-class Coverage:
-    """One registered implementation and the dtypes it claims: at least one case of each must run."""
-
-    op: OpDef
-    impl: Impl
-    dtypes: tuple
-
-    @property
-    def id(self) -> str:
-        return f"{self.op.name}-{self.impl.qualname}-covers-" + "+".join(map(_dtype_name, self.dtypes))
-
-
-def _dtype_name(dtype) -> str:
+def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
@@ -68,7 +56,7 @@ def fresh_seed() -> int:
 # twin for every case, so a CPU run draws real sizes one or two dimensions at a time; an accelerator runs the
 # references on the device and takes whole real shapes.
 HOST_BUDGET = 1 << 27
-DEVICE_BUDGET = 1 << 34
+DEVICE_BUDGET = 1 << 36
 
 
 def budget_for(device) -> int:
@@ -115,40 +103,7 @@ def collect_checks(registry: KernelRegistry, op_names=None, include_reference: b
     return checks
 
 
-def collect_coverage(registry: KernelRegistry, platform_dtypes, op_names=None) -> list[Coverage]:
-    """Each registered implementation with the dtypes it claims: those it registered with, else every dtype of
-    its op that the platform lists as supported."""
-    out = []
-    for name in sorted(op_names or OPS):
-        op = OPS[name]
-        for impl in registry.implementations(op):
-            claimed = impl.dtypes if impl.dtypes is not None else tuple(d for d in op.dtypes if d in platform_dtypes)
-            if claimed:
-                out.append(Coverage(op, impl, tuple(claimed)))
-    return out
-
-
-def run_coverage(cov: Coverage, device, seed: int) -> None:
-    """Raise ConformanceFailure when the implementation accepts no case of a dtype it claims (it would pass the
-    kit by declining everything), or when its supports() raises."""
-    for dtype in cov.dtypes:
-        cases = [c for c in cov.op.cases if dtype in (c.dtypes or cov.op.dtypes)]
-        gen = torch.Generator().manual_seed(seed)
-        reasons = []
-        for case in cases:
-            args = cov.op.make_inputs(dict(case.params), dtype, device, gen)
-            reason = _supports(cov.impl, args, f"{cov.id} case {case.name!r}")
-            if reason is None:
-                break
-            reasons.append(f"{case.name}: {reason}")
-        else:
-            raise ConformanceFailure(
-                f"{cov.impl.qualname} claims {_dtype_name(dtype)} for {cov.op.name} but declines every one of its "
-                f"{len(cases)} conformance cases ({'; '.join(reasons) or 'none has this dtype'}); accept them, or "
-                "register it with dtypes=... naming only what it computes")
-
-
-def _supports(impl: Impl, args, context: str) -> str | None:
+def supports_verdict(impl: Impl, args, context: str) -> str | None:
     """None when ``impl`` accepts ``args``, else its reason; a supports() that raises is a failure."""
     if impl.supports is None:
         return None
@@ -249,12 +204,13 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def run_check(check: Check, device, seed: int) -> float:
     """Run one check; returns the max abs error. Raises Unsupported or ConformanceFailure."""
     op, impl = check.op, check.impl
-    gen = torch.Generator().manual_seed(seed)
+    # Every check draws its own values (a kernel that returns a result remembered per shape must not pass).
+    gen = torch.Generator().manual_seed(seed ^ zlib.crc32(check.id.encode()))
     args = op.make_inputs(dict(check.case.params), check.dtype, device, gen)
     context = f"{check.id} (seed {seed}; replay with ENGINE_TEST_SEED={seed})"
     if check.strided:
         args = tuple(a if i in op.mutates else _strided(a) for i, a in enumerate(args))
-    reason = _supports(impl, args, context)
+    reason = supports_verdict(impl, args, context)
     if reason is not None:
         raise Unsupported(f"{impl.qualname} declines {op.name} case {check.case.name!r}"
                           f"{' (strided inputs)' if check.strided else ''}: {reason}")
@@ -282,7 +238,8 @@ def run_check(check: Check, device, seed: int) -> float:
         for i, (g, w, o) in enumerate(zip(got, want, oracle, strict=True)):
             if not g.is_floating_point() or g.element_size() == 1:
                 continue
-            why = envelope_violations(g, w, o, allowed_tipped_rows(op, g), op.tolerances[check.dtype])
+            scale = float(op.error_scale(*ref_args)) if op.error_scale is not None else 0.0
+            why = envelope_violations(g, w, o, allowed_tipped_rows(op, g), op.tolerances[check.dtype], scale)
             if why:
                 raise ConformanceFailure(f"{context}: output {i} {tuple(g.shape)}: {why}\ncase params: "
                                          f"{_params_text(check.case)}")

@@ -64,11 +64,12 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def envelope_violations(got: torch.Tensor, want: torch.Tensor, oracle: torch.Tensor, allowed_rows: int = 0,
-                        loose=None) -> str | None:
+                        loose=None, term_scale: float = 0.0) -> str | None:
     """None when ``got`` is within the derived bound (module docstring), else what is wrong, in words.
 
     ``allowed_rows`` rows may exceed the row bound if every element there is within ``loose`` (atol, rtol) of
-    ``want``; they are left out of the whole-tensor bound."""
+    ``want``; they are left out of the whole-tensor bound. ``term_scale`` (the op's ``error_scale``) raises each row's
+    magnitude to at least it: a sum of terms of that size may err by roundings of it, however small the sum."""
     g, w, o = _rows(got.cpu()), _rows(want.cpu()), _rows(oracle.cpu())
     if not g.numel():
         return None
@@ -81,7 +82,8 @@ def envelope_violations(got: torch.Tensor, want: torch.Tensor, oracle: torch.Ten
     g, w, o = (torch.where(finite, t, 0.0) for t in (g, w, o))
     err = (g - o).abs()
     ref_err = (w - o).abs()
-    row_bound = ENVELOPE * (ref_err.amax(-1) + u * o.abs().amax(-1))
+    row_mag = o.abs().amax(-1).clamp(min=term_scale)
+    row_bound = ENVELOPE * (ref_err.amax(-1) + u * row_mag)
     row_err = err.amax(-1)
     over = row_err > row_bound
     excused = torch.zeros_like(over)
@@ -100,11 +102,12 @@ def envelope_violations(got: torch.Tensor, want: torch.Tensor, oracle: torch.Ten
                 f"(first bad rows {rows[:8].tolist()}); worst: row {r}, column {c}: got {g[r, c].item():.8g}, fp64 "
                 f"result {o[r, c].item():.8g}, error {row_err[r].item():.3g} > bound {row_bound[r].item():.3g} = "
                 f"{ENVELOPE:g} x (reference's error {ref_err[r].amax().item():.3g} + {u:.3g} x row max "
-                f"{o[r].abs().amax().item():.3g})")
+                f"{row_mag[r].item():.3g})")
     keep = ~excused
     if bool(keep.any()):
         ge = err[keep].norm().item()
-        bound = ENVELOPE * (ref_err[keep].norm().item() + u * o[keep].norm().item())
+        mag = torch.maximum(o[keep].abs(), torch.full_like(o[keep], term_scale))
+        bound = ENVELOPE * (ref_err[keep].norm().item() + u * mag.norm().item())
         if ge > bound:
             return (f"the output as a whole errs by {ge / max(o[keep].norm().item(), 1e-300):.3g} (relative 2-norm "
                     f"against the fp64 result), more than {ENVELOPE:g} x the reference's "

@@ -7,7 +7,19 @@ Adds ``--engine-platform NAME`` (default: the platform engine would select) and 
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def pytest_configure(config):
+    # One seed per run, shared by pytest-xdist's workers (they inherit the environment and must draw the same
+    # cases to collect the same tests).
+    if not hasattr(config, "workerinput") and not os.environ.get("ENGINE_TEST_SEED"):
+        seed = config.getoption("engine_seed", None)
+        from engine.core.testing.conformance import fresh_seed
+
+        os.environ["ENGINE_TEST_SEED"] = str(fresh_seed() if seed is None else seed)
 
 
 def pytest_addoption(parser):
@@ -34,8 +46,11 @@ def _kit_state(config):
         except plugins.PlatformError as exc:
             raise pytest.UsageError(f"engine conformance kit: {exc}") from exc
         seed = config.getoption("engine_seed")
+        from engine.core.testing.conformance import budget_for
+
         state = config._engine_kit = {"platform": platform, "registry": registry,
-                                      "seed": fresh_seed() if seed is None else seed}
+                                      "seed": fresh_seed() if seed is None else seed,
+                                      "budget": budget_for(platform.device())}
     return state
 
 
@@ -54,11 +69,13 @@ def pytest_report_collectionfinish(config, start_path, items):
 
 
 def pytest_generate_tests(metafunc):
-    from engine.core.testing.conformance import collect_checks, collect_coverage
+    from engine.core.testing.conformance import collect_checks
+    from engine.core.testing.coverage import collect_coverage
 
     if "engine_check" in metafunc.fixturenames:
         state = _kit_state(metafunc.config)
-        checks = collect_checks(state["registry"], metafunc.config.getoption("engine_op"))
+        checks = collect_checks(state["registry"], metafunc.config.getoption("engine_op"), seed=state["seed"],
+                                budget=state["budget"])
         metafunc.parametrize("engine_check", checks, ids=[c.id for c in checks])
     if "engine_coverage" in metafunc.fixturenames:
         state = _kit_state(metafunc.config)
@@ -72,3 +89,24 @@ def engine_kit(request):
     """(platform, registry, seed) of the kit's run."""
     s = _kit_state(request.config)
     return s["platform"], s["registry"], s["seed"]
+
+
+@pytest.fixture
+def engine_kit_budget(request) -> int:
+    """The most work one drawn case may take on the kit's device (conformance.budget_for)."""
+    return _kit_state(request.config)["budget"]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    table = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            for key, value in getattr(rep, "user_properties", ()):
+                if key == "engine_coverage":
+                    table.update(value)
+    if table:
+        from engine.core.testing.coverage import format_coverage
+
+        terminalreporter.write_sep("-", "engine conformance kit: fraction of the cases each kernel took")
+        for line in format_coverage(table):
+            terminalreporter.write_line(line)

@@ -94,6 +94,14 @@ class CpuPlatform(Platform):
         from .kernels import register
 
         register(registry, fp16_max_m=self.fp16_linear_max_m)
+        # Ops the CPU serves through their plain-torch references on purpose (the conformance kit checks them so):
+        registry.reference_only("all_reduce", "torch.distributed's all_reduce (gloo) is the CPU's collective")
+        for op in ("fp8_linear", "fp8_quantize_per_token", "fused_moe_fp8"):
+            registry.reference_only(op, "no native FP8 kernel: CPUs have no FP8 arithmetic, and no model the CPU "
+                                        "path loads is FP8 (issue 27 brings FP8 checkpoints)")
+        for op in ("nvfp4_quantize", "nvfp4_linear", "nvfp4_linear_w4a4"):
+            registry.reference_only(op, "no native NVFP4 kernel: NVFP4 checkpoints target Blackwell GPUs")
+        registry.reference_only("mla_decode", "no native MLA decode kernel yet (issue 27: the MLA model family)")
 
     def fp16_linear_max_m(self, isa: str, cpuinfo: str) -> int | None:
         """Up to how many rows fp16 dense linears run the native kernel (0: never, None: every M); measured per

@@ -348,8 +348,10 @@ def register(registry, device_type: str, capability=None) -> None:
     if why:
         registry.skip(fp8_linear, "gluon_fp8_block", why)
         return
-    # It claims no dtype for the conformance kit: the kit's cases are far below MIN_TILES, so it would accept none
-    # (tests/platforms/cuda/test_gluon_fp8_block.py checks the kernel itself at every shape and dtype).
+    # It claims bf16 (the GPU models' dtype): the conformance kit's accelerator budget draws a 4096 x 4096 block-scaled
+    # case (fp8_linear's draw_large_block) that it takes; tests/platforms/cuda/test_gluon_fp8_block.py checks the
+    # kernel itself at every shape and dtype.
     registry.register(fp8_linear, gluon_fp8_block_linear, name="gluon_fp8_block",
-                      supports=supports_for(device_type, capability, None), priority=GLUON_PRIORITY, dtypes=(),
+                      supports=supports_for(device_type, capability, None), priority=GLUON_PRIORITY,
+                      dtypes=(torch.bfloat16,),
                       note="Gluon warp-specialized Hopper FP8 GEMM: block scales on x and/or w, large M x N")

@@ -552,17 +552,25 @@ def register(registry, device_type: str, capability=None) -> None:
         return fp8_ok(FP8_DTYPES[fp8_dtype])
 
     # What scaled_mm can claim where it runs: bf16 (row-wise and per-tensor) and, with e4m3fn, fp32 (the op's
-    # fp32 conformance cases with K, N multiples of 16 are e4m3fn per-tensor ones). Nothing where it cannot run.
+    # fp32 conformance cases with K, N multiples of 16 are e4m3fn per-tensor ones). Where it cannot run it is
+    # recorded as skipped, with the reason (a registration that can never run is an error).
     runs = device_type == "cuda" and not too_old and bool(native)
-    claims = ((torch.bfloat16, torch.float32) if torch.float8_e4m3fn in native else (torch.bfloat16,)) if runs else ()
-    registry.register(fp8_linear, scaled_mm_linear, name="scaled_mm", supports=scaled_mm_supports_for(
-                      device_type, capability), priority=SCALED_MM_PRIORITY, dtypes=claims,
-                      note="torch._scaled_mm: per-tensor (any output) and row-wise (bf16 output) scales")
-    # The Triton kernels claim the op's dtypes wherever an FP8 flavour is native (or interpreted), else nothing.
-    triton_claims = None if (native or interpreting()) and not too_old else ()
-    registry.register(fp8_linear, triton_fp8_linear, name="triton_fp8_gemm", supports=gemm_supports,
-                      priority=PRIORITY, dtypes=triton_claims,
-                      note="Triton FP8 GEMM: per-tensor / per-row / 1x128 / 128x128 scales")
-    registry.register(fp8_quantize_per_token, triton_fp8_quantize, name="triton_quant", supports=quant_supports,
-                      priority=PRIORITY, dtypes=triton_claims,
-                      note="Triton dynamic FP8 quantization, per token or per 1xG group")
+    if runs:
+        claims = (torch.bfloat16, torch.float32) if torch.float8_e4m3fn in native else (torch.bfloat16,)
+        registry.register(fp8_linear, scaled_mm_linear, name="scaled_mm", supports=scaled_mm_supports_for(
+                          device_type, capability), priority=SCALED_MM_PRIORITY, dtypes=claims,
+                          note="torch._scaled_mm: per-tensor (any output) and row-wise (bf16 output) scales")
+    else:
+        registry.skip(fp8_linear, "scaled_mm", "torch._scaled_mm needs a CUDA device with FP8 tensor cores (compute "
+                      f"capability >= 8.9); here: {device_type}, capability {capability}")
+    # The Triton kernels run wherever an FP8 flavour is native (or interpreted); elsewhere they are skipped.
+    if (native or interpreting()) and not too_old:
+        registry.register(fp8_linear, triton_fp8_linear, name="triton_fp8_gemm", supports=gemm_supports,
+                          priority=PRIORITY, note="Triton FP8 GEMM: per-tensor / per-row / 1x128 / 128x128 scales")
+        registry.register(fp8_quantize_per_token, triton_fp8_quantize, name="triton_quant", supports=quant_supports,
+                          priority=PRIORITY, note="Triton dynamic FP8 quantization, per token or per 1xG group")
+    else:
+        why = (f"FP8 tensor cores need compute capability >= 8.9, this device is {tuple(capability)}" if too_old
+               else f"no native FP8 flavour on {device_type}")
+        registry.skip(fp8_linear, "triton_fp8_gemm", why)
+        registry.skip(fp8_quantize_per_token, "triton_quant", why)

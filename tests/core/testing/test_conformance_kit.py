@@ -8,15 +8,15 @@ import torch
 from engine.core.ops.norm import rms_norm
 from engine.core.ops.registry import KernelRegistry
 from engine.core.testing.conformance import (
+    HOST_BUDGET,
     ConformanceFailure,
     Unsupported,
     collect_checks,
-    collect_coverage,
     fresh_seed,
     ops_without_kernel,
     run_check,
-    run_coverage,
 )
+from engine.core.testing.coverage import collect_coverage, run_coverage
 from tests.plugin_helpers import run_engine, write_plugin_dist
 
 
@@ -28,7 +28,7 @@ def _registry_with(fn, supports=None) -> KernelRegistry:
 
 def _run_all(reg: KernelRegistry):
     seed = fresh_seed()
-    for check in collect_checks(reg, ["rms_norm"]):
+    for check in collect_checks(reg, ["rms_norm"], seed=seed):
         try:
             run_check(check, torch.device("cpu"), seed)
         except Unsupported:
@@ -74,7 +74,7 @@ def test_kit_fails_a_vendor_plugin_with_a_wrong_kernel(tmp_path):
                        "-p", "no:cacheprovider", "-o", "addopts="], site, module="pytest")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED" in proc.stdout and "rms_norm-wrongvendor.bad_rms_norm" in proc.stdout
-    assert "differs from the reference" in proc.stdout
+    assert "exceed the bound derived from the reference" in proc.stdout
 
 
 def test_kit_refuses_an_unavailable_platform():
@@ -112,20 +112,36 @@ def test_supports_that_raises_is_a_failure_not_a_skip():
         run_check(_checks(reg)[0], torch.device("cpu"), 0)
     (cov,) = collect_coverage(reg, (torch.float32,), ["rms_norm"])
     with pytest.raises(ConformanceFailure, match="never raise"):
-        run_coverage(cov, torch.device("cpu"), 0)
+        run_coverage(cov, torch.device("cpu"), 0, HOST_BUDGET)
 
 
 def test_a_kernel_that_declines_every_case_of_a_claimed_dtype_fails():
     reg = _registry_with(_rms_exact, supports=lambda x, w, eps: x.dtype == torch.float32 or "fp32 only")
     covs = collect_coverage(reg, (torch.float32, torch.bfloat16), ["rms_norm"])
-    assert [c.dtypes for c in covs] == [(torch.float32, torch.bfloat16)]
+    assert [c.dtype for c in covs] == [torch.float32, torch.bfloat16]
+    run_coverage(covs[0], torch.device("cpu"), fresh_seed(), HOST_BUDGET)
     with pytest.raises(ConformanceFailure, match="claims bfloat16 .* declines every one"):
-        run_coverage(covs[0], torch.device("cpu"), fresh_seed())
+        run_coverage(covs[1], torch.device("cpu"), fresh_seed(), HOST_BUDGET)
     narrow = KernelRegistry("test")
     narrow.register(rms_norm, _rms_exact, name="fp32_only", dtypes=(torch.float32,),
                     supports=lambda x, w, eps: x.dtype == torch.float32 or "fp32 only")
+    narrow.reference_only(rms_norm, "bf16 through the reference on purpose", dtypes=(torch.bfloat16,))
     for cov in collect_coverage(narrow, (torch.float32, torch.bfloat16), ["rms_norm"]):
-        run_coverage(cov, torch.device("cpu"), fresh_seed())
+        run_coverage(cov, torch.device("cpu"), fresh_seed(), HOST_BUDGET)
+
+
+def test_a_claimed_dtype_without_a_kernel_fails_unless_declared_reference_only():
+    narrow = KernelRegistry("test")
+    narrow.register(rms_norm, _rms_exact, name="fp32_only", dtypes=(torch.float32,))
+    bf16 = [c for c in collect_coverage(narrow, (torch.float32, torch.bfloat16), ["rms_norm"])
+            if c.dtype == torch.bfloat16][0]
+    with pytest.raises(ConformanceFailure, match="no kernel for rms_norm in bfloat16.*reference_only"):
+        run_coverage(bf16, torch.device("cpu"), fresh_seed(), HOST_BUDGET)
+
+
+def test_a_registration_for_no_dtype_is_refused():
+    with pytest.raises(ValueError, match="dtypes=\\(\\)"):
+        KernelRegistry("test").register(rms_norm, _rms_exact, name="nothing", dtypes=())
 
 
 def test_a_kernel_that_ignores_strides_fails_the_strided_check():
@@ -134,10 +150,10 @@ def test_a_kernel_that_ignores_strides_fails_the_strided_check():
         return _rms_exact(dense, w, eps)
 
     checks = _checks(_registry_with(ignores_strides))
-    strided = [c for c in checks if c.strided]
+    strided = [c for c in checks if c.strided]  # (the fixed cases: fresh_seed is not passed to collect_checks)
     assert strided and len(strided) == len(checks) // 2
     for check in strided:
-        with pytest.raises(ConformanceFailure, match="differs from the reference"):
+        with pytest.raises(ConformanceFailure, match="exceed the bound derived from the reference|correctly rounded"):
             run_check(check, torch.device("cpu"), fresh_seed())
     for check in checks:
         if not check.strided:
