@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from .inputs import randn
 from .registry import Case, OpDef, Tolerance
+from .shapes import row_cases
 
 
 def world_size() -> int:
@@ -27,12 +28,17 @@ def _all_reduce_inputs(p, dtype, device, gen):
     return (randn(p["shape"], dtype, device, gen),)
 
 
+def _draw(rng, budget):
+    return row_cases(rng, budget, lambda rows, hidden, special: {"shape": (rows, hidden)})
+
+
 all_reduce = OpDef(
     name="all_reduce",
     schema="(Tensor x) -> Tensor",
     reference=_all_reduce_ref,
     fake=lambda x: torch.empty_like(x),
     make_inputs=_all_reduce_inputs,
+    draw=_draw,
     # The kit runs single-process, where the op is a copy; these shapes cover decode, prefill and odd sizes.
     cases=[Case("decode_row", {"shape": (1, 576)}), Case("batch", {"shape": (8, 1024)}),
            Case("odd_3d", {"shape": (3, 5, 7)}), Case("flat", {"shape": (4097,)})],

@@ -24,6 +24,7 @@ import torch
 from .fp8 import FP8_DTYPES, quantize_fp8
 from .inputs import randn, uniform
 from .registry import Case, OpDef, Tolerance
+from .shapes import row_cases
 
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -74,12 +75,19 @@ def _fp8_quantize_per_token_inputs(p, dtype, device, gen):
     return x.to(dtype=dtype, device=device), p["fp8"], g
 
 
+def _draw(rng, budget):
+    return row_cases(rng, budget, lambda rows, hidden, special: {
+        "m": max(rows, 2), "k": hidden, "fp8": rng.choice(("e4m3fn", "e4m3fnuz")), "group_size": rng.choice((0, 128)),
+        "zero_row": special})
+
+
 fp8_quantize_per_token = OpDef(
     name="fp8_quantize_per_token",
     schema="(Tensor x, str fp8_dtype, int group_size) -> (Tensor, Tensor)",
     reference=_fp8_quantize_per_token_ref,
     fake=_fp8_quantize_per_token_fake,
     make_inputs=_fp8_quantize_per_token_inputs,
+    draw=_draw,
     cases=[
         Case("token_e4m3fn", {"m": 7, "k": 576, "fp8": "e4m3fn"}),
         Case("token_e4m3fnuz", {"m": 5, "k": 320, "fp8": "e4m3fnuz", "zero_row": True}),

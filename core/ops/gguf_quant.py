@@ -105,6 +105,8 @@ gguf_dequantize = OpDef(
     reference=_gguf_dequantize_ref,
     fake=_gguf_dequantize_fake,
     make_inputs=_dequant_inputs,
+    draw=lambda rng, budget: matmul_cases(rng, budget, lambda m, n, k: {
+        "qtype": rng.choice((Q4_0, Q4_1, Q8_0)), "rows": n, "cols": k}),
     cases=[Case("q4_0_tiny", {"qtype": Q4_0, "rows": 3, "cols": 64}),
            Case("q4_1_smollm", {"qtype": Q4_1, "rows": 24, "cols": 576}),
            Case("q8_0_odd", {"qtype": Q8_0, "rows": 5, "cols": 96}),

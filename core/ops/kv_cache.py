@@ -13,6 +13,7 @@ import torch
 from .inputs import randint, randn
 from .precision import REF_DTYPES
 from .registry import Case, OpDef, Tolerance
+from .shapes import HEADS, MAX_ROWS, elements, fit, log_int
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -66,6 +67,21 @@ def _write_kv_cache_inputs(p, dtype, device, gen):
     return key, value, key_cache, value_cache, slots.to(device)
 
 
+def draw_writes(rng, budget, **extra):
+    """one token, a decode batch, a prefill chunk (to 4096 tokens) with padding slots; real KV head shapes."""
+    cap = elements(budget)
+
+    def case(name, tokens, padding=0):
+        hq, hk, d = rng.choice(HEADS)
+        tokens = fit(tokens, 4 * hk * d, cap)
+        bs = rng.choice((16, 16, 32))
+        return Case(name, {"tokens": tokens, "hq": hq, "hk": hk, "head_dim": d, "block_size": bs,
+                           "num_blocks": tokens // bs + rng.randint(1, 4), "padding": min(padding, tokens),
+                           **extra}, engine_shape=True)
+    return [case("draw_one", 1), case("draw_decode", log_int(rng, 2, 64), rng.randint(0, 3)),
+            case("draw_prefill", log_int(rng, 65, MAX_ROWS), rng.randint(1, 8))]
+
+
 write_kv_cache = OpDef(
     name="write_kv_cache",
     schema="(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
@@ -73,6 +89,7 @@ write_kv_cache = OpDef(
     reference=_write_kv_cache_ref,
     fake=_write_kv_cache_fake,
     make_inputs=_write_kv_cache_inputs,
+    draw=draw_writes,
     cases=[
         Case("smollm_bs16", {"tokens": 9, "hk": 3, "head_dim": 64, "block_size": 16, "num_blocks": 6}),
         Case("padded_bs16", {"tokens": 12, "hk": 3, "head_dim": 64, "block_size": 16, "num_blocks": 4,

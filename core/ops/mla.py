@@ -16,6 +16,7 @@ from .attention import make_paged_layout, paged_decode_core, random_seq_lens
 from .inputs import randn
 from .precision import REF_DTYPES
 from .registry import Case, OpDef, Tolerance
+from .shapes import fit, log_int
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -55,13 +56,26 @@ def _mla_decode_fake(q, kv_cache, block_tables, seq_lens, scale, v_dim=512):
 
 def _mla_decode_inputs(p, dtype, device, gen):
     d_qk = p.get("kv_lora_rank", 512) + p.get("rope_dim", 64)
-    lens = random_seq_lens(p["batch"], p["max_len"], p["page_size"], gen)
+    lens = random_seq_lens(p["batch"], p["max_len"], p["page_size"], gen, p.get("min_len", 1))
     bt, num_pages = make_paged_layout(lens, p["page_size"], gen)
     kv_cache = randn((num_pages, p["page_size"], d_qk), dtype, device, gen)
     q = randn((p["batch"], p["heads"], d_qk), dtype, device, gen)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     # DeepSeek's softmax scale is 1/sqrt(qk_nope + qk_rope = 192), not 1/sqrt(Dqk).
     return q, kv_cache, bt.to(device), seq_lens, p.get("scale", 192 ** -0.5), p.get("kv_lora_rank", 512)
+
+
+def _draw(rng, budget):
+    """DeepSeek-V3's latent (512 + 64) with 16 or 128 heads (TP shards): one sequence, a batch, a context past 4096
+    rows, pages of 1, 16 and 64."""
+    def case(name, batch, max_len, min_len=1):
+        heads = rng.choice((16, 128))
+        max_len = fit(max_len, batch * (heads + 1) * 576, budget >> 1, min_len)
+        return Case(name, {"batch": batch, "heads": heads, "page_size": rng.choice((1, 16, 64)), "max_len": max_len,
+                           "min_len": min(min_len, max_len)}, engine_shape=True)
+    return [case("draw_single", 1, log_int(rng, 1, 2048)), case("draw_batch", log_int(rng, 2, 64),
+                                                                log_int(rng, 16, 1024)),
+            case("draw_long", 1, log_int(rng, 4097, 8192), 4097)]
 
 
 mla_decode = OpDef(
@@ -72,6 +86,7 @@ mla_decode = OpDef(
     reference=_mla_decode_ref,
     fake=_mla_decode_fake,
     make_inputs=_mla_decode_inputs,
+    draw=_draw,
     cases=[
         Case("deepseek_p16", {"batch": 3, "heads": 16, "page_size": 16, "max_len": 70}),
         Case("deepseek_p64", {"batch": 2, "heads": 8, "page_size": 64, "max_len": 150}),

@@ -13,6 +13,7 @@ import torch
 from .inputs import randn, uniform
 from .precision import acc
 from .registry import Case, OpDef, Tolerance
+from .shapes import matmul_cases
 
 BLOCK = 16
 E2M1_MAX = 6.0
@@ -103,12 +104,17 @@ _CASES = [Case("tiny", {"m": 3, "n": 24, "k": 32}),
           Case("wider", {"m": 9, "n": 80, "k": 112}),
           Case("smollm", {"m": 4, "n": 192, "k": 576, "bias": True})]
 
+def _draw(rng, budget):
+    return matmul_cases(rng, budget, lambda m, n, k: {"m": m, "n": n, "k": k, "bias": rng.random() < 0.3})
+
+
 nvfp4_quantize = OpDef(
     name="nvfp4_quantize",
     schema="(Tensor x, Tensor global_scale) -> (Tensor, Tensor)",
     reference=_nvfp4_quantize_ref,
     fake=_nvfp4_quantize_fake,
     make_inputs=_nvfp4_quantize_inputs,
+    draw=_draw,
     cases=_CASES,
     # Codes and scales are exact: any correct kernel reproduces them bit for bit.
     tolerances={torch.float32: Tolerance(0.0, 0.0), torch.bfloat16: Tolerance(0.0, 0.0)},
@@ -165,6 +171,7 @@ nvfp4_linear = OpDef(
     reference=_nvfp4_linear_ref,
     fake=_nvfp4_linear_fake,
     make_inputs=_nvfp4_linear_inputs,
+    draw=_draw,
     cases=_CASES,
     tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(1e-2, 1e-2)},
     doc=(
@@ -200,6 +207,7 @@ nvfp4_linear_w4a4 = OpDef(
     reference=_nvfp4_linear_w4a4_ref,
     fake=lambda x, x_gs, w_packed, w_bs, w_gs, bias: x.new_empty((x.shape[0], w_packed.shape[0])),
     make_inputs=_nvfp4_linear_w4a4_inputs,
+    draw=_draw,
     cases=_CASES,
     tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(1e-2, 1e-2)},
     doc=(

@@ -21,6 +21,7 @@ import torch
 from .inputs import randint, randn
 from .precision import REF_DTYPES, acc
 from .registry import Case, OpDef, Tolerance
+from .shapes import HEADS, MAX_ROWS, elements, fit, log_int
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -115,13 +116,29 @@ def _rotary_fake(positions, q, k, cos_sin_cache, head_dim, is_neox):
 
 def _rotary_inputs(p, dtype, device, gen):
     t, hq, hk, d = p["tokens"], p["hq"], p["hk"], p["head_dim"]
-    rot, max_pos = p.get("rot_dim", d), p.get("max_pos", 4096)
+    rot, max_pos = p.get("rot_dim", d // p.get("rot_frac", 1)), p.get("max_pos", 4096)
     cache_dtype = dtype if p.get("cache_in_q_dtype") else torch.float32
     cache = build_cos_sin_cache(max_pos, rot, p.get("base", 10000.0), cache_dtype, device=device)
     positions = randint(0, max_pos, (t,), device, gen)
     q = randn((t, hq * d), dtype, device, gen)
     k = randn((t, hk * d), dtype, device, gen)
     return positions, q, k, cache, d, p.get("is_neox", True)
+
+
+def _draw(rng, budget):
+    """one token, a decode batch, a prefill, positions up to 32768 (long-context tables), a partial rotary dim; head
+    shapes and bases of real models (SmolLM2 100k, Llama 3 500k, Qwen 1M)."""
+    cap = elements(budget)
+
+    def case(name, tokens, **extra):
+        hq, hk, d = rng.choice(HEADS)
+        tokens = fit(tokens, (hq + hk) * d, cap)
+        return Case(name, {"tokens": tokens, "hq": hq, "hk": hk, "head_dim": d, "is_neox": rng.random() < 0.7,
+                           "base": rng.choice((10000.0, 100000.0, 500000.0, 1000000.0)), **extra}, engine_shape=True)
+    return [case("draw_one", 1), case("draw_decode", log_int(rng, 2, 64)),
+            case("draw_prefill", log_int(rng, 65, MAX_ROWS)),
+            case("draw_long_positions", log_int(rng, 8, 256), max_pos=32768),
+            case("draw_partial", log_int(rng, 2, 64), rot_frac=2)]
 
 
 rotary_embedding = OpDef(
@@ -131,6 +148,7 @@ rotary_embedding = OpDef(
     reference=_rotary_ref,
     fake=_rotary_fake,
     make_inputs=_rotary_inputs,
+    draw=_draw,
     cases=[
         Case("smollm_neox", {"tokens": 7, "hq": 9, "hk": 3, "head_dim": 64, "base": 100000.0}),
         Case("llama_d128", {"tokens": 5, "hq": 8, "hk": 2, "head_dim": 128, "base": 500000.0}),

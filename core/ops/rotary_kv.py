@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .inputs import randint, randn
-from .kv_cache import write_kv_cache
+from .kv_cache import draw_writes, write_kv_cache
 from .registry import Case, OpDef
 from .rotary import build_cos_sin_cache, rotary_embedding
 
@@ -59,6 +59,7 @@ rotary_write_kv = OpDef(
     reference=_ref,
     fake=_fake,
     make_inputs=_inputs,
+    draw=draw_writes,
     cases=[
         Case("llama_d128", {"tokens": 5, "hq": 8, "hk": 2, "head_dim": 128, "block_size": 16, "num_blocks": 4}),
         Case("smollm_padded", {"tokens": 9, "hq": 9, "hk": 3, "head_dim": 64, "block_size": 16, "num_blocks": 3,

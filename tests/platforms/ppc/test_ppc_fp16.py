@@ -18,7 +18,8 @@ from engine.core.ops import registry as reg_mod
 from engine.core.ops.linear import linear
 from engine.core.ops.norm import rms_norm
 from engine.core.ops.registry import active_registry
-from engine.core.testing.conformance import collect_coverage, fresh_seed, run_coverage
+from engine.core.testing.conformance import HOST_BUDGET, fresh_seed
+from engine.core.testing.coverage import collect_coverage, run_coverage
 from engine.core.testing.random_model import write_random_llama
 from engine.platforms.cpu import _native
 from engine.platforms.cpu.platform import CpuPlatform
@@ -62,10 +63,11 @@ def test_every_kernel_accepts_the_dtypes_it_claims_there():
     the platform's dtypes, each kernel claiming it (every one registered without a dtypes=...) accepts an fp16 case."""
     ppc = PpcPlatform()
     covs = collect_coverage(plugins.build_registry(ppc), ppc.supported_dtypes())
-    claim_fp16 = {c.op.name for c in covs if torch.float16 in c.dtypes}
+    claim_fp16 = {c.op.name for c in covs if c.dtype == torch.float16 and c.impls}
     assert {"linear", "rms_norm", "paged_attention_decode", "silu_and_mul", "rotary_embedding"} <= claim_fp16
+    seed = fresh_seed()
     for cov in covs:
-        run_coverage(cov, torch.device("cpu"), fresh_seed())
+        run_coverage(cov, torch.device("cpu"), seed, HOST_BUDGET)
 
 
 @pytest.fixture(scope="module", autouse=True)
