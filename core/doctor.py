@@ -38,6 +38,9 @@ def op_choices(registry: KernelRegistry, device) -> dict:
                                "why_not": why or f"lower priority than {chosen.qualname}"})
             per_dtype[_dtype_name(dtype)] = {"chosen": chosen.qualname, "priority": chosen.priority,
                                              "case": case.name, "others": others}
+            declared = registry.reference_only_reason(op, dtype)
+            if declared and chosen is op.reference_impl:
+                per_dtype[_dtype_name(dtype)]["reference_only"] = declared
         skipped = [{"impl": f"{s.platform}.{s.name}", "why_not": s.reason} for s in registry.skipped(op)]
         out[name] = {"dtypes": per_dtype, "not_registered": skipped}
     return out
@@ -98,7 +101,8 @@ def format_text(info: dict, error: str | None) -> str:
             if "error" in c:
                 lines.append(f"  {name:<26} {dtype:<9} input generator failed: {c['error']}")
                 continue
-            lines.append(f"  {name:<26} {dtype:<9} -> {c['chosen']}")
+            lines.append(f"  {name:<26} {dtype:<9} -> {c['chosen']}"
+                         + (f" (reference-only on purpose: {c['reference_only']})" if c.get("reference_only") else ""))
             lines.extend(f"  {'':<36} not {o['impl']}: {o['why_not']}" for o in c["others"])
         lines.extend(f"  {name:<26} {'':<9}    not registered: {s['impl']}: {s['why_not']}"
                      for s in op["not_registered"])

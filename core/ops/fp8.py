@@ -13,6 +13,7 @@ Where two readings of a shape coincide (e.g. ``[M, 1]`` with ``K <= 128``) they 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -148,21 +149,30 @@ def _fp8_linear_inputs(p, dtype, device, gen):
     return x_q, x_scale, w_q, w_scale, bias, dtype
 
 
+def fp8_needs(case: Case) -> Case:
+    """``case`` as an engine shape only on platforms whose FP8 flavour is the case's (CUDA never sends e4m3fnuz)."""
+    return dataclasses.replace(case, needs={"fp8": case.params["fp8"]})
+
+
 def _draw(rng, budget):
     """The matmul regimes in every granularity and flavour; where the budget is an accelerator's, a block-scaled
     GEMM of 4096 x 4096 outputs (the prefill of an FP8 model's layer), the size large-GEMM kernels take."""
-    cases = matmul_cases(rng, budget, lambda m, n, k: {"m": m, "n": n, "k": k, "granularity": rng.choice(
-        tuple(GRANULARITIES)), "fp8": rng.choice(("e4m3fn", "e4m3fnuz")), "bias": rng.random() < 0.3},
-        align_n=128, ks=tuple(k for k in HIDDEN if k % 128 == 0))
+    cases = [fp8_needs(c) for c in matmul_cases(rng, budget, lambda m, n, k: {
+        "m": m, "n": n, "k": k, "granularity": rng.choice(tuple(GRANULARITIES)),
+        "fp8": rng.choice(("e4m3fn", "e4m3fnuz")), "bias": rng.random() < 0.3},
+        align_n=128, ks=tuple(k for k in HIDDEN if k % 128 == 0))]
     k = min(4096, budget // (4096 * 4096)) // 128 * 128
     if k >= 128:
         cases.append(Case("draw_large_block", {"m": 4096, "n": 4096, "k": k, "granularity": "block", "fp8": "e4m3fn"},
-                          engine_shape=True))
+                          engine_shape=True, needs={"fp8": "e4m3fn"}))
     return cases
 
 
 fp8_linear = OpDef(
     name="fp8_linear",
+    # Hopper's FP8 tensor cores accumulate in about 13 mantissa bits, not fp32: cuBLAS, Triton and Gluon FP8 GEMMs
+    # measured 3e-4 to 4e-4 relative error on the H200 (K = 64 to 4096) where the fp32 reference made 5e-6.
+    accumulation_roundoff=2.0 ** -10,
     schema=("(Tensor x_q, Tensor x_scale, Tensor w_q, Tensor w_scale, Tensor? bias, ScalarType out_dtype)"
             " -> Tensor"),
     reference=_fp8_linear_ref,

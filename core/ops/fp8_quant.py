@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from .fp8 import FP8_DTYPES, quantize_fp8
+from .fp8 import FP8_DTYPES, fp8_needs, quantize_fp8
 from .inputs import randn, uniform
 from .registry import Case, OpDef, Tolerance
 from .shapes import row_cases
@@ -76,9 +76,9 @@ def _fp8_quantize_per_token_inputs(p, dtype, device, gen):
 
 
 def _draw(rng, budget):
-    return row_cases(rng, budget, lambda rows, hidden, special: {
+    return [fp8_needs(c) for c in row_cases(rng, budget, lambda rows, hidden, special: {
         "m": max(rows, 2), "k": hidden, "fp8": rng.choice(("e4m3fn", "e4m3fnuz")), "group_size": rng.choice((0, 128)),
-        "zero_row": special})
+        "zero_row": special})]
 
 
 fp8_quantize_per_token = OpDef(

@@ -14,7 +14,6 @@ import torch
 
 from .attention import make_paged_layout, paged_decode_core, random_seq_lens
 from .inputs import randn
-from .precision import REF_DTYPES
 from .registry import Case, OpDef, Tolerance
 from .shapes import fit, log_int
 
@@ -25,7 +24,7 @@ def _check(q, kv_cache, block_tables, seq_lens, v_dim):
     for name, t in (("q", q), ("kv_cache", kv_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"mla_decode: {name} must be a tensor, got {type(t).__name__}")
-    if q.dtype not in REF_DTYPES or kv_cache.dtype != q.dtype:
+    if q.dtype not in (*_DTYPES, torch.float64) or kv_cache.dtype != q.dtype:
         raise TypeError(f"mla_decode: q and kv_cache must share one dtype of {_DTYPES}; got {q.dtype}, "
                         f"{kv_cache.dtype}")
     if q.dim() != 3 or kv_cache.dim() != 3 or kv_cache.shape[2] != q.shape[2]:

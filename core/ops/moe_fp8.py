@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .fp8 import FP8_DTYPES, quantize_fp8
+from .fp8 import FP8_DTYPES, fp8_needs, quantize_fp8
 from .inputs import randn, uniform
 from .moe import _check, distinct_logits, draw_moe, expert_groups
 from .precision import REF_DTYPES
@@ -40,7 +40,8 @@ def _check_fp8(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k):
         raise TypeError(f"w13_q and w2_q must both be float8_e4m3fn or both float8_e4m3fnuz, got {w13_q.dtype}, "
                         f"{w2_q.dtype}")
     if x.dtype not in REF_DTYPES:
-        raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+        raise TypeError(f"x must be float32, bfloat16 or float16 (float64 in the conformance kit's oracle), got "
+                        f"{x.dtype}")
     # moe's shape checks want one dtype for x and the weights: hand it x-dtype stand-ins of the weight shapes
     _check(x, torch.empty(w13_q.shape, dtype=x.dtype, device="meta"),
            torch.empty(w2_q.shape, dtype=x.dtype, device="meta"), router_logits, top_k)
@@ -68,10 +69,11 @@ def _fused_moe_fp8_ref(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k
     xd = _quant_dequant(x, fp8)  # per token, once for all its experts
     out = torch.zeros(x.shape, dtype=xd.dtype, device=x.device)
     for e, tokens, weight in expert_groups(router_logits, top_k, renormalize, w13_q.shape[0]):
-        gate_up = xd[tokens] @ dequantize_expert(w13_q, w13_scale, e).t()
+        gate_up = xd[tokens] @ dequantize_expert(w13_q, w13_scale, e).t().to(xd.dtype)
         # the intermediate is stored in x's dtype (as every implementation keeps it), then quantized per row
         h = (torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]).to(x.dtype)
-        y = _quant_dequant(h, fp8) @ dequantize_expert(w2_q, w2_scale, e).t()
+        hd = _quant_dequant(h, fp8)
+        y = hd @ dequantize_expert(w2_q, w2_scale, e).t().to(hd.dtype)
         out[tokens] += y * weight  # a token meets each expert at most once
     return out.to(x.dtype)
 
@@ -122,14 +124,17 @@ def _case(name, **params):
 
 fused_moe_fp8 = OpDef(
     name="fused_moe_fp8",
+    # Hopper's FP8 tensor cores accumulate in about 13 mantissa bits, not fp32: cuBLAS, Triton and Gluon FP8 GEMMs
+    # measured 3e-4 to 4e-4 relative error on the H200 (K = 64 to 4096) where the fp32 reference made 5e-6.
+    accumulation_roundoff=2.0 ** -10,
     quantizes_intermediates=True,
     schema=("(Tensor x, Tensor w13_q, Tensor w13_scale, Tensor w2_q, Tensor w2_scale, Tensor router_logits, "
             "int top_k, bool renormalize) -> Tensor"),
     reference=_fused_moe_fp8_ref,
     fake=_fused_moe_fp8_fake,
     make_inputs=_fused_moe_fp8_inputs,
-    draw=lambda rng, budget: draw_moe(rng, budget, fp8=("e4m3fn", "e4m3fnuz"),
-                                      granularity=("channel", "tensor", "tensor3d")),
+    draw=lambda rng, budget: [fp8_needs(c) for c in draw_moe(rng, budget, fp8=("e4m3fn", "e4m3fnuz"),
+                                                             granularity=("channel", "tensor", "tensor3d"))],
     cases=[
         _case("mixtral_tiny_channel", tokens=6, hidden=64, inter=96, experts=8, top_k=2, renormalize=True,
               fp8="e4m3fn", granularity="channel"),

@@ -201,6 +201,7 @@ def _nvfp4_linear_w4a4_inputs(p, dtype, device, gen):
 
 nvfp4_linear_w4a4 = OpDef(
     name="nvfp4_linear_w4a4",
+    accumulation_roundoff=2.0 ** -10,  # FP4 tensor cores (Blackwell), like FP8's on Hopper
     quantizes_intermediates=True,
     schema=("(Tensor x, Tensor x_global_scale, Tensor w_packed, Tensor w_block_scale, Tensor w_global_scale, "
             "Tensor? bias) -> Tensor"),

@@ -56,9 +56,16 @@ def collect_coverage(registry: KernelRegistry, platform_dtypes, op_names=None) -
     return out
 
 
-def run_coverage(cov: Coverage, device, seed: int | None, budget: int) -> dict[str, float]:
+def platform_facts(platform) -> dict:
+    """The facts a case's ``needs`` are matched against (Case.needs)."""
+    return {"fp8": {torch.float8_e4m3fnuz: "e4m3fnuz"}.get(platform.fp8_dtype(), "e4m3fn")}
+
+
+def run_coverage(cov: Coverage, device, seed: int | None, budget: int, facts: dict | None = None) -> dict[str, float]:
     """Check ``cov`` (module docstring); returns {kernel: fraction of the cases it takes}, or {} when the op is
-    reference-only by declaration. Raises ConformanceFailure."""
+    reference-only by declaration. A case is an engine shape here if it is one and its ``needs`` match ``facts``
+    (the platform's, :func:`platform_facts`). Raises ConformanceFailure."""
+    facts = facts if facts is not None else {"fp8": "e4m3fn"}
     op, dtype = cov.op, cov.dtype
     if not cov.impls:
         if cov.reference_only:
@@ -77,7 +84,8 @@ def run_coverage(cov: Coverage, device, seed: int | None, budget: int) -> dict[s
         verdicts = [(impl, supports_verdict(impl, args, f"{cov.id} case {case.name!r}")) for impl in cov.impls]
         for j, (_, why) in enumerate(verdicts):
             taken[j] += why is None
-        if case.engine_shape and all(why is not None for _, why in verdicts):
+        engine_shape = case.engine_shape and all(facts.get(k) == v for k, v in case.needs.items())
+        if engine_shape and all(why is not None for _, why in verdicts):
             unserved.append(f"{case.name} ({_params(case)}): " + "; ".join(f"{i.qualname}: {w}" for i, w in verdicts))
     never = [impl for impl, n in zip(cov.impls, taken, strict=True) if n == 0]
     if never:
@@ -87,7 +95,7 @@ def run_coverage(cov: Coverage, device, seed: int | None, budget: int) -> dict[s
             "register it with dtypes=... naming only what it computes (or registry.skip(...) with the reason)")
     if unserved and not cov.reference_only:
         raise ConformanceFailure(
-            f"{len(unserved)} of the {sum(c.engine_shape for c in cases)} engine-shape cases of {op.name} in "
+            f"{len(unserved)} of the engine-shape cases of {op.name} in "
             f"{dtype_name(dtype)} are taken by none of the platform's kernels, so the engine would run the "
             "reference there: " + " | ".join(unserved))
     return {impl.qualname: n / max(len(cases), 1) for impl, n in zip(cov.impls, taken, strict=True)}

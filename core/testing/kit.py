@@ -10,7 +10,7 @@ from engine.core import plugins
 from engine.core.ops import registry as ops_registry
 
 from .conformance import ConformanceFailure, Unsupported, budget_for, collect_checks, run_check
-from .coverage import collect_coverage, run_coverage
+from .coverage import collect_coverage, platform_facts, run_coverage
 
 
 def failures(platform, seed: int, op_names=None, first: bool = True) -> list[str]:
@@ -27,7 +27,7 @@ def failures(platform, seed: int, op_names=None, first: bool = True) -> list[str
     try:
         for cov in collect_coverage(registry, platform.supported_dtypes(), op_names):
             try:
-                run_coverage(cov, device, seed, budget)
+                run_coverage(cov, device, seed, budget, platform_facts(platform))
             except ConformanceFailure as exc:
                 out.append(f"{cov.id}: {exc}")
                 if first:

@@ -3,7 +3,7 @@
 import pytest
 
 from engine.core.testing.conformance import Unsupported, run_check
-from engine.core.testing.coverage import run_coverage
+from engine.core.testing.coverage import platform_facts, run_coverage
 
 
 def test_kernel_matches_reference(engine_check, engine_kit):
@@ -18,7 +18,7 @@ def test_kernels_serve_every_dtype_and_shape_claimed(engine_coverage, engine_kit
     platform, _registry, seed = engine_kit
     if not engine_coverage.impls and engine_coverage.reference_only:
         pytest.skip(f"{engine_coverage.op.name} is reference-only on {platform.name}: {engine_coverage.reference_only}")
-    taken = run_coverage(engine_coverage, platform.device(), seed, engine_kit_budget)
+    taken = run_coverage(engine_coverage, platform.device(), seed, engine_kit_budget, platform_facts(platform))
     record_property("engine_coverage", {engine_coverage.id.removesuffix("-served"): taken})
 
 

@@ -860,3 +860,4 @@ def register(registry, device_type: str, capability=None) -> None:
                           note="torch._scaled_mm on FP4 tensor cores; W4A4: activations quantized to NVFP4 per call")
     else:
         registry.skip(nvfp4_linear_w4a4, "native_fp4_scaled_mm", why)
+        registry.reference_only(nvfp4_linear_w4a4, f"W4A4 needs FP4 tensor cores: {why}")
