@@ -183,10 +183,11 @@ def _rounding_mismatch(g: torch.Tensor, w: torch.Tensor) -> float:
 
 
 def _strided(a):
-    """The same values in a non-contiguous view (every other element of a buffer twice as wide)."""
+    """The same values in a non-contiguous view at an offset: every other element of a buffer twice as wide, from
+    its second element (a kernel that ignores strides or the storage offset reads the wrong values)."""
     if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.numel() > 1:
-        wide = torch.empty((*a.shape[:-1], 2 * a.shape[-1]), dtype=a.dtype, device=a.device)
-        view = wide[..., ::2]
+        wide = torch.empty((*a.shape[:-1], 2 * a.shape[-1] + 1), dtype=a.dtype, device=a.device)
+        view = wide[..., 1::2]
         view.copy_(a)
         return view
     return a
