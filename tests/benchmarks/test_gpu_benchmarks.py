@@ -187,3 +187,4 @@ def test_bench_gpu_tiny(tmp_path):
     assert all(r["tok_s"] > 0 and r["peer_tok_s"] > 0 for r in rows[:2]), rows
     assert (tmp_path / "bench_gpu.md").read_text().startswith(result["device"])
     assert list(tmp_path.glob("profile_tiny_2req.txt"))
+
