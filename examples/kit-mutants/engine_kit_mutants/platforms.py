@@ -59,45 +59,25 @@ class SmallestCaseOnly(_Mutant):
                           supports=lambda x, w, eps: x.numel() <= 3 * 64 or "only 3 x 64")
 
 
-def _one(op, fn, kernel_name):
+def _single(name: str, op: str, fn, kernel: str, doc: str) -> type:
+    """A mutant platform that registers one wrong kernel ``fn`` for ``op``."""
     def register_kernels(self, registry):
-        registry.register(op, fn, name=kernel_name)
-    return register_kernels
+        registry.register(op, fn, name=kernel)
+    return type(name, (_Mutant,), {"name": name, "register_kernels": register_kernels, "__doc__": doc})
 
 
-class EpsTimesTen(_Mutant):
-    name = "mutant_eps_x10"
-    register_kernels = _one("rms_norm", kernels.rms_eps_x10, "eps_x10")
-
-
-class EpsDropped(_Mutant):
-    name = "mutant_eps_dropped"
-    register_kernels = _one("rms_norm", kernels.rms_eps_dropped, "eps_dropped")
-
-
-class First8Rows(_Mutant):
-    name = "mutant_first_8_rows"
-    register_kernels = _one("rms_norm", kernels.rms_first_8_rows, "first_8_rows")
-
-
-class LowPrecisionSum(_Mutant):
-    name = "mutant_low_precision_sum"
-    register_kernels = _one("rms_norm", kernels.rms_low_precision_sum, "low_precision_sum")
-
-
-class StaleResult(_Mutant):
-    name = "mutant_stale_result"
-    register_kernels = _one("rms_norm", kernels.rms_stale_result, "stale_result")
-
-
-class DecodeFirst128Keys(_Mutant):
-    name = "mutant_decode_first_128_keys"
-    register_kernels = _one("paged_attention_decode", kernels.decode_first_128_keys, "first_128_keys")
-
-
-class MoeFp8DownScale(_Mutant):
-    name = "mutant_moe_fp8_down_scale"
-    register_kernels = _one("fused_moe_fp8", kernels.moe_fp8_down_scale, "down_scale_x1.1")
+EpsTimesTen = _single("mutant_eps_x10", "rms_norm", kernels.rms_eps_x10, "eps_x10", "rms_norm with eps x 10")
+EpsDropped = _single("mutant_eps_dropped", "rms_norm", kernels.rms_eps_dropped, "eps_dropped", "rms_norm without eps")
+First8Rows = _single("mutant_first_8_rows", "rms_norm", kernels.rms_first_8_rows, "first_8_rows",
+                     "rms_norm right only for the first 8 rows")
+LowPrecisionSum = _single("mutant_low_precision_sum", "rms_norm", kernels.rms_low_precision_sum, "low_precision_sum",
+                          "rms_norm summing squares in bf16/fp16")
+StaleResult = _single("mutant_stale_result", "rms_norm", kernels.rms_stale_result, "stale_result",
+                      "rms_norm returning a result remembered per shape")
+DecodeFirst128Keys = _single("mutant_decode_first_128_keys", "paged_attention_decode", kernels.decode_first_128_keys,
+                             "first_128_keys", "decode attention ignoring keys past 128")
+MoeFp8DownScale = _single("mutant_moe_fp8_down_scale", "fused_moe_fp8", kernels.moe_fp8_down_scale,
+                          "down_scale_x1.1", "FP8 MoE with the down projection's scale 10% high")
 
 
 # platform class -> (the op the kit is run on, a regular expression its first failure must match)
