@@ -153,7 +153,7 @@ def test_a_kernel_that_ignores_strides_fails_the_strided_check():
     strided = [c for c in checks if c.strided]  # (the fixed cases: fresh_seed is not passed to collect_checks)
     assert strided and len(strided) == len(checks) // 2
     for check in strided:
-        with pytest.raises(ConformanceFailure, match="exceed the bound derived from the reference|correctly rounded|non-finite"):
+        with pytest.raises(ConformanceFailure, match="exceed the bound derived|correctly rounded|non-finite"):
             run_check(check, torch.device("cpu"), fresh_seed())
     for check in checks:
         if not check.strided:
