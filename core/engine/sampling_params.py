@@ -9,6 +9,9 @@ MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for per to
 MAX_N = 16  # the most completions one request may ask for
 
 
+# What a torch.Generator takes as a seed: a signed or unsigned 64-bit integer.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
 @dataclass
 class SamplingParams:
     """temperature 0 means greedy (the default is 0.2 with top_p 0.9; see below). top_k 0 (or -1) and top_p 1 and
@@ -66,7 +69,10 @@ class SamplingParams:
             (_is_int(self.max_tokens) and self.max_tokens >= 1,
              f"max_tokens must be an int >= 1, got {self.max_tokens}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
-            (self.seed is None or _is_int(self.seed), f"seed must be an int or None, got {self.seed!r}"),
+            (self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed
+                                   and (not _is_int(self.n) or self.seed + self.n - 1 <= SEED_MAX)),
+             f"seed must be None or an int in [{SEED_MIN}, {SEED_MAX}] (with n > 1, seed + n - 1 too: completion i "
+             f"uses seed + i), got {self.seed!r}"),
             (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
             (-2 <= self.frequency_penalty <= 2,
              f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),

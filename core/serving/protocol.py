@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.core.engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
+from engine.core.engine.sampling_params import MAX_LOGPROBS, MAX_N, SEED_MAX, SEED_MIN, SamplingParams
 
 
 class StreamOptions(BaseModel):
@@ -38,7 +38,7 @@ class _Sampling(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # what a torch.Generator takes
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     repetition_penalty: float = Field(default=1.0, gt=0, le=100)

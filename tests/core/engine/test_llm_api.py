@@ -67,10 +67,19 @@ def test_prompt_longer_than_the_context_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_k=-5), dict(max_tokens=0),
-                                 dict(min_p=2.0)])
+                                 dict(min_p=2.0), dict(seed=2**64), dict(seed=-(2**63) - 1),
+                                 dict(seed=2**64 - 1, n=2)])
 def test_invalid_sampling_params(bad):
     with pytest.raises(ValueError, match="invalid SamplingParams"):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("seed", [2**64 - 1, -(2**63), 0])
+def test_every_accepted_seed_makes_a_generator(seed):
+    """The bounds SamplingParams accepts are exactly what torch.Generator takes (the sampler seeds one per request)."""
+    import torch
+
+    torch.Generator().manual_seed(SamplingParams(seed=seed).seed)
 
 
 def test_unknown_model_path_and_platform():

@@ -160,6 +160,10 @@ BAD = [
     ("/v1/completions", _body(prompt="hi", logit_bias={"10": 101}), 400, "logit_bias"),
     ("/v1/completions", _body(prompt="hi", logit_bias={str(10**7): 1}), 400, "logit_bias"),
     ("/v1/chat/completions", b"[1, 2]", 400, None),
+    # a torch.Generator takes at most 2**64 - 1: larger seeds once killed the engine thread (and every request after)
+    ("/v1/completions", _body(prompt="hi", seed=2**64), 400, "seed"),
+    ("/v1/completions", _body(prompt="hi", seed=-(2**63) - 1), 400, "seed"),
+    ("/v1/completions", _body(prompt="hi", seed=2**64 - 1, n=2), 400, None),  # seed + 1 overflows: said, no param
 ]
 
 
