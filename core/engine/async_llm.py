@@ -39,7 +39,11 @@ class QueueFullError(RuntimeError):
 
 
 class EngineDeadError(RuntimeError):
-    """The engine loop has stopped (shut down, or a step raised); no request can run."""
+    """The engine loop has stopped (shut down, or a device fault); no request can run."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine step computing this request raised; the request ended, the engine serves the others."""
 
 
 class AsyncLLM:
@@ -59,6 +63,7 @@ class AsyncLLM:
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._num_pending_adds = 0
+        self.num_failed_requests = 0  # ended by a failed step (_fail_step)
         self._stopped = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -152,7 +157,13 @@ class AsyncLLM:
                 self._wake.clear()
                 self._drain()
                 if self.engine.has_unfinished():
-                    updates = self.engine.step()
+                    try:
+                        updates = self.engine.step()
+                    except Exception as exc:
+                        if is_device_fault(exc):
+                            raise
+                        self._fail_step(exc)
+                        continue
                     self._deliver(updates)
                     if len(self.engine.scheduler.running) <= _YIELD_MAX_RUNNING and _has_first_token(updates):
                         time.sleep(_FIRST_TOKEN_YIELD_S)
@@ -199,6 +210,23 @@ class AsyncLLM:
                 for _, u in items:
                     self.engine.abort(u.request_id)
 
+    def _fail_step(self, exc: Exception) -> None:
+        """A step raised something other than a device fault (a request's logits processor, a bug one batch
+        reaches): the requests it held end with an error, their blocks are freed, and the engine serves the rest."""
+        ids = self.engine.abort_failed_step()
+        log.error("an engine step failed; ending the %d request(s) it held (%s), serving the rest: %r", len(ids),
+                  ", ".join(ids[:8]), exc, exc_info=exc)
+        self.num_failed_requests += len(ids)
+        err = RequestFailedError(f"the engine step computing this request failed: {type(exc).__name__}: {exc}")
+        for request_id in ids:
+            target = self._streams.get(request_id)
+            if target is None:
+                continue
+            try:
+                target[0].call_soon_threadsafe(target[1].put_nowait, err)
+            except RuntimeError:
+                pass  # that loop is closed: nobody is left to tell
+
     def _fail_all(self, exc: BaseException) -> None:
         for request_id, (loop, queue) in list(self._streams.items()):
             self.engine.abort(request_id)
@@ -206,6 +234,14 @@ class AsyncLLM:
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
             except RuntimeError:
                 pass  # the loop is closed: nobody is left to tell
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """Does ``exc`` say the device (and so the engine) is broken, not one batch's input? CUDA/HIP errors and
+    device-side asserts leave the context unusable; everything else ends only the failed step's requests."""
+    text = f"{type(exc).__name__}: {exc}"
+    return type(exc).__name__ == "AcceleratorError" or any(
+        mark in text for mark in ("CUDA error", "HIP error", "device-side assert", "illegal memory access"))
 
 
 def _settle(fut: asyncio.Future, exc: BaseException | None) -> None:

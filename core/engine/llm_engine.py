@@ -62,6 +62,7 @@ class LLMEngine:
         self.speculator = None  # a spec_decode.Speculator when speculative decoding is on (set by LLM)
         self.async_scheduling = False  # set by LLM from the platform (see the class docstring)
         self._inflight: _InFlight | None = None
+        self._stepping: list[Sequence] = []  # the sequences the step in progress scheduled (abort_failed_step)
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
                     request_id: str | None = None) -> str:
@@ -116,6 +117,18 @@ class LLMEngine:
             self._resolve()
         return out
 
+    def abort_failed_step(self) -> list[str]:
+        """After ``step()`` raised: end every request the failed step held (its scheduled sequences and any step in
+        flight), finish_reason "abort", and free their KV blocks; return their ids. Requests the step did not hold
+        are untouched, so the engine serves on."""
+        held = list(self._stepping) + (list(self._inflight.seqs) if self._inflight is not None else [])
+        self._inflight = None  # its tokens came from the failed step's batch: never read them
+        self._stepping = []
+        ids = list(dict.fromkeys(s.request_id for s in held if s.seq_id in self._requests))
+        for request_id in ids:
+            self.abort(request_id)
+        return ids
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
 
@@ -131,6 +144,7 @@ class LLMEngine:
         if self._inflight is not None and any(_needs_host_tokens(s) for s in self._inflight.seqs):
             updates = self._resolve()  # their penalties or processors read the previous token on the host
         sched = self.scheduler.schedule()
+        self._stepping = [s for s, _ in sched.scheduled]
         self.num_preemptions += len(sched.preempted)
         if not sched.scheduled:
             return updates + self._resolve() if self._inflight is not None else updates
@@ -170,6 +184,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.plan()
         sched = self.scheduler.schedule()
+        self._stepping = [s for s, _ in sched.scheduled]
         self.num_preemptions += len(sched.preempted)
         if not sched.scheduled:
             return []

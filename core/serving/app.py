@@ -18,7 +18,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from engine.core.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError
+from engine.core.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError, RequestFailedError
 
 from .handlers import Handler, OpenAIError
 from .metrics import CONTENT_TYPE, ServerMetrics
@@ -124,4 +124,6 @@ async def _run(request: Request, prepared, stream: bool):
         return JSONResponse(task.result())
     except EngineDeadError as exc:
         raise OpenAIError(503, str(exc), "server_error") from exc
+    except RequestFailedError as exc:
+        raise OpenAIError(500, str(exc), "server_error") from exc
 

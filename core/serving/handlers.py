@@ -8,7 +8,7 @@ import uuid
 
 from fastapi.responses import JSONResponse
 
-from engine.core.engine.async_llm import AsyncLLM
+from engine.core.engine.async_llm import AsyncLLM, EngineDeadError
 from engine.core.engine.outputs import RequestOutput, StepUpdate
 
 from .formatting import FINISH_REASONS, chat_logprobs, completion_logprobs, sse, to_json, usage
@@ -241,8 +241,9 @@ class Job:
                         {"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None}]})
             async for i, u in updates:
-                if isinstance(u, Exception):
-                    yield sse(OpenAIError(503, str(u), "server_error").body())
+                if isinstance(u, Exception):  # 500: this request's step failed; 503: the engine is gone
+                    code = 503 if isinstance(u, EngineDeadError) else 500
+                    yield sse(OpenAIError(code, str(u), "server_error").body())
                     break
                 self._track(i, u)
                 chunk = self._chunk(i, u, chat)

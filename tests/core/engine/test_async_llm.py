@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 
-from engine.core.engine.async_llm import AsyncLLM, QueueFullError
+from engine.core.engine.async_llm import AsyncLLM, QueueFullError, RequestFailedError, is_device_fault
 from engine.core.engine.llm import LLM
 from engine.core.engine.sampling_params import SamplingParams
 
@@ -120,3 +120,46 @@ def test_async_engine_many_coroutines_abort_and_bad_input(llm):
         engine.shutdown()
     assert not engine.is_running
     assert torch.is_tensor(llm.prompt_logits([1, 2]))  # the LLM is usable offline again
+
+
+def test_a_failing_step_ends_its_requests_and_the_engine_serves_on(either_llm):
+    """A step that raises (here a request's own logits processor) ends the requests it held with
+    RequestFailedError and frees their blocks; the engine stays up, and a later request gets the same text as
+    offline."""
+    llm = either_llm
+    expected = llm.generate(PROMPTS[0], GREEDY)[0].outputs[0].text
+
+    def broken(token_ids, logits):
+        if len(token_ids) >= 2:  # fails mid-stream, after tokens were delivered
+            raise RuntimeError("a bug in a user's logits processor")
+        return logits
+
+    engine = AsyncLLM(llm)
+    try:
+        async def main():
+            bad = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logits_processors=[broken])
+            got = []
+            with pytest.raises(RequestFailedError, match="logits processor"):
+                async for u in engine.generate(PROMPTS[1], bad):
+                    got.append(u)
+            assert got and not got[-1].finished  # tokens before the failure were delivered
+            assert engine.is_running and engine.num_failed_requests == 1
+            text = "".join([u.delta_text async for u in engine.generate(PROMPTS[0], GREEDY)])
+            assert text == expected
+            for _ in range(200):
+                if _pool_whole(llm):
+                    break
+                await asyncio.sleep(0.01)
+
+        asyncio.run(main())
+        assert _pool_whole(llm)
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("message, fatal", [("CUDA error: an illegal memory access was encountered", True),
+                                            ("HIP error: invalid device function", True),
+                                            ("a bug in a user's logits processor", False),
+                                            ("CUDA out of memory. Tried to allocate 2.00 GiB", False)])
+def test_device_faults_are_told_from_a_batch_failure(message, fatal):
+    assert is_device_fault(RuntimeError(message)) is fatal
