@@ -2,8 +2,11 @@
 
 Every error is an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}`` with its HTTP status:
 400 for a request the server cannot run as sent (malformed JSON, invalid UTF-8, wrong types, out-of-range or
-over-cap values, a prompt or max_tokens beyond the context, an invalid JSON schema, no messages), 401 without the
-API key, 404 for an unknown model, 503 with Retry-After when the queue is full. Bad requests are refused before
+over-cap values, a prompt or max_tokens beyond the context, an invalid JSON schema, no messages, a message with null
+content, more than 256 prompts), 401 without the API key (compared in constant time), 404 for an unknown model or
+route, 405 for a wrong method, 413 for a body over 8 MiB, 415 for a body not sent as application/json, 500 when the
+engine step computing the request failed (the engine serves on), 503 with Retry-After when the queue is full.
+Tokenization, chat templates and grammar compilation run off the event loop. Bad requests are refused before
 they reach the engine, so they never disturb the requests running. A client that goes away mid-request (streamed
 or not) has its request aborted, which returns its KV blocks to the pool.
 """
@@ -11,12 +14,15 @@ or not) has its request aborted, which returns its KV blocks to the pool.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.core.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError, RequestFailedError
 
@@ -36,10 +42,25 @@ def build_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None) 
     async def _openai_error(request: Request, exc: OpenAIError):
         return exc.response()
 
+    @app.exception_handler(StarletteHTTPException)  # unknown routes (404), wrong methods (405): OpenAI's shape too
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind,
+                           headers=getattr(exc, "headers", None)).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": str(exc)}
+        param = ".".join(str(x) for x in err.get("loc", ())) or None
+        return OpenAIError(400, f"{param}: {err.get('msg')}", param=param).response()
+
     # A dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware hides client disconnects from
     # the endpoint, and a non-streamed request must notice its client leaving.
+    expected = f"Bearer {api_key}".encode() if api_key else b""
+
     async def authorized(request: Request):
-        if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
+        # constant time: the comparison must not tell an attacker how many leading characters were right
+        if api_key and not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected):
             raise OpenAIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                               "authentication_error", code="invalid_api_key")
 
@@ -73,8 +94,30 @@ def build_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None) 
     return app
 
 
+MAX_BODY_BYTES = 8 << 20  # 8 MiB: far beyond any context's worth of text; a larger body is refused unread
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused with 415 unless it is JSON and with 413 past MAX_BODY_BYTES (before reading it when the
+    client says its length, else as soon as it passes the limit)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise OpenAIError(415, f"the request body must be JSON sent as 'Content-Type: application/json', not "
+                               f"{ctype or 'no content type'!r}")
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise OpenAIError(413, f"the request body has {int(length)} bytes; at most {MAX_BODY_BYTES} are accepted")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise OpenAIError(413, f"the request body passes {MAX_BODY_BYTES} bytes, the most accepted")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _parse(request: Request, model, model_name: str):
-    body = await request.body()
+    body = await _read_body(request)
     try:
         data = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as exc:

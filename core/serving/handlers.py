@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 
@@ -39,25 +40,29 @@ class Handler:
         self.async_llm, self.model_name, self.metrics = async_llm, model_name, metrics
         self.llm = async_llm.llm
         self._grammar: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()
 
     async def completion(self, req: CompletionRequest) -> Job:
-        prompts = []
-        for p in req.prompts():
-            prompts.append(self.llm.tokenizer.encode(p) if isinstance(p, str) else list(p))
+        # Tokenizing is the caller's CPU work: off the event loop, so /health and the streams stay responsive.
+        prompts = await asyncio.to_thread(
+            lambda: [self.llm.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in req.prompts()])
         return await self._start("text_completion", "cmpl", req, prompts, req.max_tokens, req.logprobs, "prompt")
 
     async def chat(self, req: ChatCompletionRequest) -> Job:
-        try:
-            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-            text = self.llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except ValueError as exc:
-            raise OpenAIError(400, str(exc), param="messages") from exc
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         k = (req.top_logprobs or 0) if req.logprobs else None
-        ids = self.llm.tokenizer.encode(text, add_special_tokens=False)
+        try:
+            ids = await asyncio.to_thread(self._chat_ids, req)
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), param="messages") from exc
         max_tokens = req.max_completion_tokens or req.max_tokens
         return await self._start("chat.completion", "chatcmpl", req, [ids], max_tokens, k, "messages")
+
+    def _chat_ids(self, req: ChatCompletionRequest) -> list[int]:
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        text = self.llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.llm.tokenizer.encode(text, add_special_tokens=False)
 
     async def _start(self, kind, prefix, req, prompts: list[list[int]], max_tokens, k, prompt_param) -> Job:
         ctx = self.llm.max_model_len
@@ -70,7 +75,7 @@ class Handler:
                 raise OpenAIError(400, f"max_tokens {max_tokens} plus the prompt's {len(ids)} tokens exceed the "
                                        f"model's context of {ctx}; ask for at most {ctx - len(ids)}",
                                   param="max_tokens", code="context_length_exceeded")
-        grammar = self._grammar_processor(req.response_format)
+        grammar = await asyncio.to_thread(self._grammar_processor, req.response_format)  # compiling takes CPU
         bias = None
         if req.logit_bias:
             try:
@@ -102,8 +107,9 @@ class Handler:
             return None
         if fmt.type == "json_schema" and (fmt.json_schema is None or fmt.json_schema.schema_ is None):
             raise OpenAIError(400, "response_format json_schema needs json_schema.schema", param="response_format")
-        if self._grammar is None:
-            self._grammar = GrammarCompiler(self.llm.tokenizer, self.llm.config.vocab_size)
+        with self._grammar_lock:
+            if self._grammar is None:
+                self._grammar = GrammarCompiler(self.llm.tokenizer, self.llm.config.vocab_size)
         try:
             return self._grammar.processor(fmt.json_schema.schema_ if fmt.type == "json_schema" else None)
         except GrammarError as exc:

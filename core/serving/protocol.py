@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.core.engine.sampling_params import MAX_LOGPROBS, MAX_N, SEED_MAX, SEED_MIN, SamplingParams
 
+MAX_PROMPTS = 256  # prompts in one completion request (each is an engine request, with n completions)
+
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
@@ -89,6 +91,8 @@ class CompletionRequest(_Sampling):
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, v):
+        if isinstance(v, list) and v and isinstance(v[0], (str, list)) and len(v) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request, got {len(v)}; send several requests")
         if isinstance(v, list) and (not v or any(isinstance(p, (str, list)) and not p for p in v)):
             raise ValueError("prompt must not be empty")
         if isinstance(v, str) and not v:
@@ -108,6 +112,13 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v, info):
+        if v is None and info.data.get("role") != "assistant":
+            raise ValueError(f"a {info.data.get('role')} message needs content (a string or text parts), not null")
+        return v
 
     def text(self) -> str:
         if self.content is None:

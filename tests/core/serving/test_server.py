@@ -164,6 +164,8 @@ BAD = [
     ("/v1/completions", _body(prompt="hi", seed=2**64), 400, "seed"),
     ("/v1/completions", _body(prompt="hi", seed=-(2**63) - 1), 400, "seed"),
     ("/v1/completions", _body(prompt="hi", seed=2**64 - 1, n=2), 400, None),  # seed + 1 overflows: said, no param
+    ("/v1/completions", _body(prompt=["a"] * 257), 400, "prompt"),  # one request may not flood the queue
+    ("/v1/chat/completions", _body(messages=[{"role": "user", "content": None}]), 400, "messages"),
 ]
 
 
@@ -195,6 +197,26 @@ def test_bad_requests_get_4xx_and_do_not_disturb_a_running_stream(served):
         assert err["message"] and err["type"]
         if param:
             assert (err["param"] or "").startswith(param), (body[:80], err)
+    assert _pool_whole(engine)
+
+
+def test_not_json_oversized_unknown_routes_and_wrong_methods_get_openai_errors(served):
+    url, engine, _ = served
+    body = _body(prompt="hi", max_tokens=2)
+    with httpx.Client(base_url=url, timeout=30) as http:
+        cases = [
+            (http.post("/v1/completions", content=body, headers={"content-type": "text/plain"}), 415),
+            (http.post("/v1/completions", data={"prompt": "hi", "model": MODEL}), 415),  # a form
+            (http.post("/v1/completions", content=b"x" * (9 << 20), headers={"content-type": "application/json"}),
+             413),
+            (http.get("/v1/no-such-route"), 404),
+            (http.get("/v1/completions"), 405),
+        ]
+        for r, status in cases:
+            assert r.status_code == status, r.text
+            err = r.json()["error"]
+            assert err["message"] and err["type"], err
+        assert http.get("/health").status_code == 200
     assert _pool_whole(engine)
 
 
