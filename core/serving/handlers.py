@@ -132,10 +132,17 @@ class Job:
         self._offsets: dict[int, int] = {}
         self._finished = 0
         self._counted: set[int] = set()
+        self.end_reason = "abort"  # what abort() counts unfinished requests as ("error" once a step failed)
 
     def abort(self) -> None:
+        """End the job's unfinished engine requests, counting each in the metrics as ``self.end_reason`` ("abort":
+        the client left or the server stops; "error": its step failed)."""
         for i in range(len(self.streams) + 1):
             self.h.async_llm.abort(f"{self.id}-{i}")  # a no-op for finished (or never started) requests
+        for i in range(len(self.streams)):
+            if i not in self._counted:
+                self._counted.add(i)
+                self.h.metrics.on_finished(self.end_reason, self.prompt_lens[i], 0)
 
     # ---- bookkeeping -------------------------------------------------------------------------------------
     def _track(self, i: int, u: StepUpdate) -> None:
@@ -175,6 +182,9 @@ class Job:
                     self._track(i, u)
                     final = u.output
                 finals.append(final)
+        except Exception:
+            self.end_reason = "error"
+            raise
         finally:
             self.abort()
         choices = []
@@ -249,6 +259,7 @@ class Job:
             async for i, u in updates:
                 if isinstance(u, Exception):  # 500: this request's step failed; 503: the engine is gone
                     code = 503 if isinstance(u, EngineDeadError) else 500
+                    self.end_reason = "error"
                     yield sse(OpenAIError(code, str(u), "server_error").body())
                     break
                 self._track(i, u)

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -232,6 +233,7 @@ def test_queue_full_is_503_with_retry_after(served):
 
 def test_disconnect_mid_stream_returns_the_blocks(served):
     url, engine, _ = served
+    aborted_before = _aborted_count(url)
     body = {"model": MODEL, "prompt": "Write a very long story.", "max_tokens": 400, "ignore_eos": True,
             "temperature": 0, "stream": True}
     # Once the stream has a token, the engine waits for the client to disconnect before its next step: on a busy
@@ -254,6 +256,18 @@ def test_disconnect_mid_stream_returns_the_blocks(served):
         resume.set()
         del engine.engine.step
     assert _pool_whole(engine), "the disconnected request kept running or kept its KV blocks"
+    for _ in range(100):  # the handler counts it as it unwinds, after the engine freed the blocks
+        if _aborted_count(url) == aborted_before + 1:
+            break
+        time.sleep(0.05)
+    assert _aborted_count(url) == aborted_before + 1, "a request aborted by its client is counted in /metrics"
+
+
+def _aborted_count(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    lines = [ln for ln in text.splitlines()
+             if ln.startswith("engine_requests_total{") and 'finish_reason="abort"' in ln]
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines)
 
 
 def test_disconnect_while_waiting_for_a_whole_response_aborts_it(served):
