@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import sys
 
 
 def add_arguments(p) -> None:
@@ -33,19 +35,44 @@ def run(args) -> int:
 
         from .serving.app import build_app
     except ImportError as exc:
-        raise RuntimeError(f"engine serve needs the serving extra: pip install 'engine[serve]' ({exc})") from exc
+        raise RuntimeError(f"engine serve needs the serving extra: pip install -e '.[serve]' in the source checkout "
+                           f"({exc})") from exc
     from .cli_generate import load_llm
     from .engine.async_llm import AsyncLLM
 
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    # Claim the port before the model loads and before anything says it is serving: a port in use is one line.
+    try:
+        sock = listen_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"engine serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} (is another server "
+              "running there? pick another --port)", file=sys.stderr, flush=True)
+        return 2
     llm = load_llm(args, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     async_llm = AsyncLLM(llm, max_queue=args.max_queue)
     name = model_name(llm, args.served_model_name)
     app = build_app(async_llm, name, api_key=args.api_key)
     print(f"engine serve: model {name!r} on http://{args.host}:{args.port}/v1", flush=True)
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         async_llm.shutdown()
+        sock.close()
     return 0
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) and listening, as uvicorn would make it; OSError if it cannot be."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -44,3 +44,23 @@ def test_serve_answers_and_stops():
         proc.wait(30)
     assert proc.returncode in (0, -15)
 
+
+
+def test_a_port_in_use_is_one_line_and_exit_2_before_loading_anything():
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port)], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        taken.close()
+    assert proc.returncode == 2, proc.stderr
+    assert "serving" not in proc.stdout and "http://" not in proc.stdout, proc.stdout  # never claimed to serve
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "--port" in lines[0], proc.stderr
+    assert time.monotonic() - start < 60  # refused before the model was loaded
