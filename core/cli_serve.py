@@ -55,8 +55,18 @@ def run(args) -> int:
     app = build_app(async_llm, name, api_key=args.api_key)
     print(f"engine serve: model {name!r} on http://{args.host}:{args.port}/v1", flush=True)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # SIGINT/SIGTERM: in-flight requests end now, each stream with a final chunk (finish_reason "abort")
+            # and [DONE], so their connections close and the server exits at once, without cancelling them.
+            async_llm.abort_all()
+            super().handle_exit(sig, frame)
+
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the SIGINT it shut down on: that shutdown was the graceful one, exit 0
     finally:
         async_llm.shutdown()
         sock.close()

@@ -123,6 +123,12 @@ class AsyncLLM:
         """Stop the request before the next step (its KV blocks are freed then); its stream ends."""
         self._submit(("abort", request_id))
 
+    def abort_all(self) -> None:
+        """Abort every request in flight (callable from any thread, a signal handler's included): each stream ends
+        with its output so far, finish_reason "abort"."""
+        for request_id in list(self._streams):
+            self._submit(("abort", request_id))
+
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the loop after the step in progress; unfinished requests are aborted."""
         self._stopped = True

@@ -64,3 +64,44 @@ def test_a_port_in_use_is_one_line_and_exit_2_before_loading_anything():
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "--port" in lines[0], proc.stderr
     assert time.monotonic() - start < 60  # refused before the model was loaded
+
+
+@pytest.mark.usefixtures("default_model")
+def test_sigint_ends_a_stream_with_a_final_chunk_and_exits_0_without_a_traceback():
+    import json
+    import signal
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port), "--max-model-len",
+                             "512", "--served-model-name", "tiny"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "engine serve did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        body = {"model": "tiny", "prompt": "Write a very long story.", "max_tokens": 400, "ignore_eos": True,
+                "stream": True}
+        lines, signalled = [], None
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if line.startswith("data: {") and signalled is None:
+                    proc.send_signal(signal.SIGINT)
+                    signalled = time.monotonic()
+        chunks = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: {")]
+        assert lines[-1] == "data: [DONE]" or "data: [DONE]" in lines, lines[-3:]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "abort", chunks[-1]
+        proc.wait(30)
+        assert time.monotonic() - signalled < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "CancelledError" not in err, err
