@@ -34,6 +34,13 @@ def _pool_whole(llm) -> bool:
     return not llm.engine.has_unfinished() and bm.num_free_blocks == bm.num_blocks
 
 
+async def _until_pool_whole(llm, tries: int = 200) -> None:
+    for _ in range(tries):
+        if _pool_whole(llm):
+            return
+        await asyncio.sleep(0.01)
+
+
 def test_n_completions_are_the_seeded_single_ones(llm):
     sp = SamplingParams(n=3, temperature=1.0, seed=77, max_tokens=5, ignore_eos=True)
     out = llm.generate("Tell me a story.", sp)[0]
@@ -109,10 +116,7 @@ def test_async_engine_many_coroutines_abort_and_bad_input(llm):
             with pytest.raises(QueueFullError):
                 await engine.add_request("hi", GREEDY)
             engine.max_queue = 64
-            for _ in range(200):  # the abort is applied by the engine thread before its next step
-                if _pool_whole(llm):
-                    break
-                await asyncio.sleep(0.01)
+            await _until_pool_whole(llm)  # the abort is applied by the engine thread before its next step
 
         asyncio.run(main())
         assert _pool_whole(llm)
@@ -146,10 +150,7 @@ def test_a_failing_step_ends_its_requests_and_the_engine_serves_on(either_llm):
             assert engine.is_running and engine.num_failed_requests == 1
             text = "".join([u.delta_text async for u in engine.generate(PROMPTS[0], GREEDY)])
             assert text == expected
-            for _ in range(200):
-                if _pool_whole(llm):
-                    break
-                await asyncio.sleep(0.01)
+            await _until_pool_whole(llm)
 
         asyncio.run(main())
         assert _pool_whole(llm)

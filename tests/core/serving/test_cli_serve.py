@@ -16,22 +16,27 @@ from tests.plugin_helpers import REPO
 openai = needs.module("openai")
 
 
+def _serve(*args: str) -> tuple[int, subprocess.Popen]:
+    """``engine serve`` on a free port, started as a user would, once /health answers 200."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port), *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"engine serve did not come up: {proc.communicate()[1]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return port, proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+
+
 @pytest.mark.usefixtures("default_model")
 def test_serve_answers_and_stops():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port), "--max-model-len",
-                             "256", "--served-model-name", "tiny", "--log-level", "warning"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port, proc = _serve("--max-model-len", "256", "--served-model-name", "tiny", "--log-level", "warning")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "engine serve did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["tiny"]
         question = [{"role": "user", "content": "What is the capital of France?"}]
@@ -71,20 +76,8 @@ def test_sigint_ends_a_stream_with_a_final_chunk_and_exits_0_without_a_traceback
     import json
     import signal
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port), "--max-model-len",
-                             "512", "--served-model-name", "tiny"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port, proc = _serve("--max-model-len", "512", "--served-model-name", "tiny")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "engine serve did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         body = {"model": "tiny", "prompt": "Write a very long story.", "max_tokens": 400, "ignore_eos": True,
                 "stream": True}
         lines, signalled = [], None
