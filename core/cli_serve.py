@@ -31,7 +31,7 @@ def model_name(llm, given: str | None) -> str:
 
 def run(args) -> int:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (checked here, before the model loads; serve() uses it)
 
         from .serving.app import build_app
     except ImportError as exc:
@@ -54,7 +54,20 @@ def run(args) -> int:
     name = model_name(llm, args.served_model_name)
     app = build_app(async_llm, name, api_key=args.api_key)
     print(f"engine serve: model {name!r} on http://{args.host}:{args.port}/v1", flush=True)
-    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return serve(app, async_llm, sock, args.log_level)
+
+
+ENGINE_STOPPED = 3  # the exit status when the engine loop died under the server (a device fault)
+
+
+def serve(app, async_llm, sock: socket.socket, log_level: str = "info") -> int:
+    """Serve ``app`` on the listening ``sock`` until a signal (exit 0, streams ended cleanly) or until the engine loop
+    stops under it (a device fault: /health answers 503 meanwhile, then exit ENGINE_STOPPED, so that a supervisor
+    restarts the process instead of it answering 503 forever)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
+    stopped: list[str] = []
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
@@ -63,6 +76,14 @@ def run(args) -> int:
             async_llm.abort_all()
             super().handle_exit(sig, frame)
 
+        async def on_tick(self, counter: int) -> bool:
+            if not stopped and not self.should_exit and not async_llm.is_running:
+                stopped.append(repr(async_llm.error))
+                print(f"engine serve: the engine loop stopped ({stopped[0]}); exiting with status {ENGINE_STOPPED} "
+                      "so that a supervisor restarts the server", file=sys.stderr, flush=True)
+                return True
+            return await super().on_tick(counter)
+
     try:
         Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
@@ -70,7 +91,7 @@ def run(args) -> int:
     finally:
         async_llm.shutdown()
         sock.close()
-    return 0
+    return ENGINE_STOPPED if stopped else 0
 
 
 def listen_socket(host: str, port: int) -> socket.socket:

@@ -80,6 +80,11 @@ class AsyncLLM:
         return len(self.engine.scheduler.running)
 
     @property
+    def error(self) -> BaseException | None:
+        """What stopped the engine loop (None while it runs, or after a plain shutdown)."""
+        return self._error
+
+    @property
     def is_running(self) -> bool:
         return self._thread.is_alive() and not self._stopped
 

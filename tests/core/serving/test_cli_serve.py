@@ -98,3 +98,46 @@ def test_sigint_ends_a_stream_with_a_final_chunk_and_exits_0_without_a_traceback
     err = proc.stderr.read()
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "CancelledError" not in err, err
+
+
+@pytest.mark.usefixtures("default_model")
+def test_the_server_exits_non_zero_when_the_engine_loop_dies(capsys):
+    """A device fault stops the engine loop (is_device_fault); the server must not stay up answering 503: it exits
+    with ENGINE_STOPPED so that a supervisor restarts it. The fault is a real CUDA-error exception raised in a step
+    (a logits processor raises it), which the engine loop treats as fatal."""
+    import asyncio
+    import threading
+
+    from engine.core.cli_serve import ENGINE_STOPPED, listen_socket, serve
+    from engine.core.engine.async_llm import AsyncLLM, EngineDeadError
+    from engine.core.engine.llm import LLM
+    from engine.core.engine.sampling_params import SamplingParams
+    from engine.core.serving.app import build_app
+
+    engine = AsyncLLM(LLM(kv_cache_bytes=16 << 20, max_num_seqs=4, max_model_len=128))
+    sock = listen_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    status = []
+    thread = threading.Thread(target=lambda: status.append(serve(build_app(engine, "tiny"), engine, sock, "warning")))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+    def fault(token_ids, logits):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    async def doomed():
+        with pytest.raises(EngineDeadError):
+            async for _ in engine.generate("hi", SamplingParams(max_tokens=4, logits_processors=[fault])):
+                pass
+
+    asyncio.run(doomed())
+    thread.join(30)
+    assert not thread.is_alive() and status == [ENGINE_STOPPED]
+    assert "the engine loop stopped" in capsys.readouterr().err
