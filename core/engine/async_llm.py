@@ -230,21 +230,22 @@ class AsyncLLM:
         self.num_failed_requests += len(ids)
         err = RequestFailedError(f"the engine step computing this request failed: {type(exc).__name__}: {exc}")
         for request_id in ids:
-            target = self._streams.get(request_id)
-            if target is None:
-                continue
-            try:
-                target[0].call_soon_threadsafe(target[1].put_nowait, err)
-            except RuntimeError:
-                pass  # that loop is closed: nobody is left to tell
+            self._tell(request_id, err)
 
     def _fail_all(self, exc: BaseException) -> None:
-        for request_id, (loop, queue) in list(self._streams.items()):
+        for request_id in list(self._streams):
             self.engine.abort(request_id)
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
-            except RuntimeError:
-                pass  # the loop is closed: nobody is left to tell
+            self._tell(request_id, exc)
+
+    def _tell(self, request_id: str, exc: BaseException) -> None:
+        """Hand ``exc`` to the request's stream, which raises it to its consumer."""
+        target = self._streams.get(request_id)
+        if target is None:
+            return
+        try:
+            target[0].call_soon_threadsafe(target[1].put_nowait, exc)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is left to tell
 
 
 def is_device_fault(exc: BaseException) -> bool:

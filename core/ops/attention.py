@@ -225,46 +225,40 @@ def _shape(batch, hq, hk, d, bs, max_len, **extra):
     return {"batch": batch, "hq": hq, "hk": hk, "head_dim": d, "block_size": bs, "max_len": max_len, **extra}
 
 
-def _heads(rng):
+def _drawn_case(rng, budget, name, batch, max_len, min_len=1, queries=1, **extra) -> Case:
+    """A drawn attention case: a real model's head shape and block size, ``max_len`` cut so that the case's work
+    (``queries`` per sequence, each reading every key) fits the budget."""
     hq, hk, d = rng.choice(HEADS)
-    return {"hq": hq, "hk": hk, "head_dim": d}
+    max_len = fit(max_len, batch * queries * (hq + hk) * d, budget >> 2, min_len)
+    return Case(name, {"batch": batch, "hq": hq, "hk": hk, "head_dim": d, "block_size": rng.choice((16, 16, 32)),
+                       "max_len": max_len, "min_len": min(min_len, max_len), **extra}, engine_shape=True)
 
 
 def _draw_decode(rng, budget):
     """single (one sequence, up to 2048 keys), batch (2-64 sequences), long (past 4096 keys), shared (a common prefix
     of blocks, unused table entries of -1 and past the cache) and special (zero, tiny and huge query rows, and
     sequences of one key)."""
-    def case(name, batch, max_len, min_len=1, **extra):
-        h = _heads(rng)
-        per_key = h["hq"] * h["head_dim"] + h["hk"] * h["head_dim"]  # work per key and the cache it reads
-        max_len = fit(max_len, batch * per_key, budget >> 2, min_len)
-        return Case(name, {"batch": batch, **h, "block_size": rng.choice((16, 16, 32)), "max_len": max_len,
-                           "min_len": min(min_len, max_len), **extra}, engine_shape=True)
-    return [case("draw_single", 1, log_int(rng, 1, 2048)),
-            case("draw_batch", log_int(rng, 2, 64), log_int(rng, 16, 1024)),
-            case("draw_long", 1, log_int(rng, 4097, 16384), 4097),
-            case("draw_shared", log_int(rng, 3, 8), log_int(rng, 64, 512), 64, shared_blocks=rng.randint(1, 3),
-                 gaps=True),
-            case("draw_special", log_int(rng, 3, 16), log_int(rng, 1, 300), special=True)]
+    return [_drawn_case(rng, budget, "draw_single", 1, log_int(rng, 1, 2048)),
+            _drawn_case(rng, budget, "draw_batch", log_int(rng, 2, 64), log_int(rng, 16, 1024)),
+            _drawn_case(rng, budget, "draw_long", 1, log_int(rng, 4097, 16384), 4097),
+            _drawn_case(rng, budget, "draw_shared", log_int(rng, 3, 8), log_int(rng, 64, 512), 64,
+                        shared_blocks=rng.randint(1, 3), gaps=True),
+            _drawn_case(rng, budget, "draw_special", log_int(rng, 3, 16), log_int(rng, 1, 300), special=True)]
 
 
 def _draw_prefill(rng, budget):
     """full (whole prompts), chunk (a chunk of queries over a context past 4096 keys), shared (prefix-cache hits on
     shared blocks, gaps in the table), one (one query per sequence) and special (zero, tiny and huge queries)."""
-    def case(name, batch, max_len, min_len=1, q_per_seq=None, **extra):
-        h = _heads(rng)
-        q = q_per_seq or max_len
-        per_key = batch * q * h["hq"] * h["head_dim"]
-        max_len = fit(max_len, per_key, budget >> 1, min_len)
-        return Case(name, {"batch": batch, **h, "block_size": rng.choice((16, 16, 32)), "max_len": max_len,
-                           "min_len": min(min_len, max_len), **extra}, engine_shape=True)
-    chunk = log_int(rng, 16, 256)
-    return [case("draw_full", log_int(rng, 1, 4), log_int(rng, 32, 512), q_mode="full"),
-            case("draw_chunk", 1, log_int(rng, 4097, 8192), 4097, q_per_seq=chunk, q_mode="partial", max_q=chunk),
-            case("draw_shared", log_int(rng, 2, 6), log_int(rng, 64, 384), 64, q_mode="mixed",
-                 shared_blocks=rng.randint(1, 3), gaps=True),
-            case("draw_one", log_int(rng, 2, 16), log_int(rng, 1, 1024), q_per_seq=1, q_mode="one"),
-            case("draw_special", log_int(rng, 1, 3), log_int(rng, 16, 200), q_mode="mixed", special=True)]
+    chunk, full = log_int(rng, 16, 256), log_int(rng, 32, 512)
+    shared, special = log_int(rng, 64, 384), log_int(rng, 16, 200)
+    return [_drawn_case(rng, budget, "draw_full", log_int(rng, 1, 4), full, queries=full, q_mode="full"),
+            _drawn_case(rng, budget, "draw_chunk", 1, log_int(rng, 4097, 8192), 4097, queries=chunk,
+                        q_mode="partial", max_q=chunk),
+            _drawn_case(rng, budget, "draw_shared", log_int(rng, 2, 6), shared, 64, queries=shared, q_mode="mixed",
+                        shared_blocks=rng.randint(1, 3), gaps=True),
+            _drawn_case(rng, budget, "draw_one", log_int(rng, 2, 16), log_int(rng, 1, 1024), q_mode="one"),
+            _drawn_case(rng, budget, "draw_special", log_int(rng, 1, 3), special, queries=special, q_mode="mixed",
+                        special=True)]
 
 
 _DECODE_CASES = [

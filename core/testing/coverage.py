@@ -21,7 +21,7 @@ import torch
 
 from engine.core.ops.registry import OPS, Impl, KernelRegistry, OpDef
 
-from .conformance import ConformanceFailure, dtype_name, op_cases, supports_verdict
+from .conformance import ConformanceFailure, dtype_name, op_cases, params_text, supports_verdict
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,8 @@ def run_coverage(cov: Coverage, device, seed: int | None, budget: int, facts: di
             taken[j] += why is None
         engine_shape = case.engine_shape and all(facts.get(k) == v for k, v in case.needs.items())
         if engine_shape and all(why is not None for _, why in verdicts):
-            unserved.append(f"{case.name} ({_params(case)}): " + "; ".join(f"{i.qualname}: {w}" for i, w in verdicts))
+            reasons = "; ".join(f"{i.qualname}: {w}" for i, w in verdicts)
+            unserved.append(f"{case.name} ({params_text(case)}): {reasons}")
     never = [impl for impl, n in zip(cov.impls, taken, strict=True) if n == 0]
     if never:
         raise ConformanceFailure(
@@ -99,10 +100,6 @@ def run_coverage(cov: Coverage, device, seed: int | None, budget: int, facts: di
             f"{dtype_name(dtype)} are taken by none of the platform's kernels, so the engine would run the "
             "reference there: " + " | ".join(unserved))
     return {impl.qualname: n / max(len(cases), 1) for impl, n in zip(cov.impls, taken, strict=True)}
-
-
-def _params(case) -> str:
-    return ", ".join(f"{k}={v}" for k, v in case.params.items())
 
 
 def format_coverage(table: dict[str, dict[str, float]]) -> list[str]:

@@ -85,11 +85,7 @@ def envelope_violations(got: torch.Tensor, want: torch.Tensor, oracle: torch.Ten
         return (f"non-finite value {g[bad[0], bad[1]].item()} at row {bad[0]}, column {bad[1]} where the fp64 result "
                 f"is {o[bad[0], bad[1]].item():.6g}")
     g, w, o = (torch.where(finite, t, 0.0) for t in (g, w, o))
-    err = (g - o).abs()
-    ref_err = (w - o).abs()
-    row_mag = o.abs().amax(-1).clamp(min=term_scale)
-    rho = _relative_ref_error(ref_err, row_mag)
-    row_bound = ENVELOPE * (rho + u) * row_mag
+    err, ref_err, row_mag, rho, row_bound = _row_bounds(g, w, o, u, term_scale)
     row_err = err.amax(-1)
     over = row_err > row_bound
     if tipping and loose is not None and bool(over.any()):
@@ -113,6 +109,15 @@ def envelope_violations(got: torch.Tensor, want: torch.Tensor, oracle: torch.Ten
     return None
 
 
+def _row_bounds(g, w, o, u: float, term_scale: float):
+    """(|g - o|, |w - o|, each row's magnitude, the reference's relative error rho, each row's bound) of rows of
+    finite values."""
+    err, ref_err = (g - o).abs(), (w - o).abs()
+    row_mag = o.abs().amax(-1).clamp(min=term_scale)
+    rho = _relative_ref_error(ref_err, row_mag)
+    return err, ref_err, row_mag, rho, ENVELOPE * (rho + u) * row_mag
+
+
 def _relative_ref_error(ref_err: torch.Tensor, row_mag: torch.Tensor) -> float:
     """The reference's worst error relative to its row's magnitude, over all rows (the max over many rows is a
     steadier measure of the arithmetic's error than one row's own, which may be zero by luck)."""
@@ -131,7 +136,5 @@ def bound_used(got: torch.Tensor, want: torch.Tensor, oracle: torch.Tensor, term
     g, w, o = (torch.where(finite, t, 0.0) for t in (g, w, o))
     if not g.numel():
         return 0.0
-    mag = o.abs().amax(-1).clamp(min=term_scale)
-    u = max(unit_roundoff(got.dtype), extra_roundoff)
-    bound = ENVELOPE * (_relative_ref_error((w - o).abs(), mag) + u) * mag
-    return float(((g - o).abs().amax(-1) / bound.clamp(min=1e-300)).max())
+    err, _, _, _, row_bound = _row_bounds(g, w, o, max(unit_roundoff(got.dtype), extra_roundoff), term_scale)
+    return float((err.amax(-1) / row_bound.clamp(min=1e-300)).max())
