@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from engine.core.engine.sampling_params import MAX_LOGPROBS, MAX_N, SEED_MAX, SEED_MIN, SamplingParams
 
 MAX_PROMPTS = 256  # prompts in one completion request (each is an engine request, with n completions)
+# Stop strings are searched in every new piece of text of a request: bounded (OpenAI itself takes 4).
+MAX_STOPS, MAX_STOP_CHARS = 64, 1024
 
 
 class StreamOptions(BaseModel):
@@ -39,7 +41,7 @@ class _Sampling(BaseModel):
     min_p: float = Field(default=0.0, ge=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOPS)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # what a torch.Generator takes
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
@@ -58,6 +60,8 @@ class _Sampling(BaseModel):
         stops = [v] if isinstance(v, str) else v
         if stops is not None and not all(stops):
             raise ValueError("stop strings must be non-empty")
+        if stops is not None and (len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops)):
+            raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters each")
         return v
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, processors: list,

@@ -166,6 +166,9 @@ BAD = [
     ("/v1/completions", _body(prompt="hi", seed=-(2**63) - 1), 400, "seed"),
     ("/v1/completions", _body(prompt="hi", seed=2**64 - 1, n=2), 400, None),  # seed + 1 overflows: said, no param
     ("/v1/completions", _body(prompt=["a"] * 257), 400, "prompt"),  # one request may not flood the queue
+    ("/v1/completions", _body(prompt="hi", stop=["a"] * 10000), 400, "stop"),
+    ("/v1/completions", _body(prompt="hi", stop="x" * 5000), 400, "stop"),
+    ("/v1/completions", _body(prompt="hi", stop_token_ids=list(range(5000))), 400, "stop_token_ids"),
     ("/v1/chat/completions", _body(messages=[{"role": "user", "content": None}]), 400, "messages"),
 ]
 
