@@ -7,7 +7,7 @@ import torch
 from .inputs import randn, uniform
 from .precision import acc
 from .registry import Case, OpDef, Tolerance
-from .shapes import HIDDEN, elements, fit, log_int, special_rows
+from .shapes import HIDDEN, MAX_TENSOR_ELEMENTS, elements, fit, log_int, special_rows
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +113,7 @@ MOE_ROUTING = ((8, 2), (60, 4), (64, 6), (128, 8), (16, 1))
 def draw_moe(rng, budget, **extra):
     """decode (1-16 tokens), prefill (64-1024 tokens) and special (zero, tiny and huge token rows), each with a real
     model's routing and hidden size; the intermediate size is what the budget leaves (a multiple of 16)."""
-    cap = elements(budget) * 4  # the experts' weights are most of a case
+    cap = min(elements(budget) * 4, 2 * MAX_TENSOR_ELEMENTS)  # the experts' weights are most of a case
     cases = []
     for name, lo, hi, special in (("draw_decode", 1, 16, False), ("draw_prefill", 64, 1024, False),
                                   ("draw_special", 8, 64, True)):

@@ -37,10 +37,16 @@ def fit(n: int, per_unit: int, budget: int, lo: int = 1) -> int:
     return max(lo, min(n, budget // max(per_unit, 1)))
 
 
+# The most elements one tensor of a drawn case may hold, whatever the budget: the kit keeps several copies of every
+# input (a clone, an fp64 twin, a strided view) and an accelerator runs a dozen kit processes at once. 2^26 holds an
+# 8192 x 8192 weight; a device run that drew 2^31-element expert weights ran out of memory.
+MAX_TENSOR_ELEMENTS = 1 << 26
+
+
 def elements(budget: int) -> int:
     """The element budget of an elementwise op's case (its work per element is a few operations, and the kit keeps
     an fp64 copy and a strided copy of everything)."""
-    return budget >> 5
+    return min(budget >> 5, MAX_TENSOR_ELEMENTS)
 
 
 def row_cases(rng: random.Random, budget: int, make, widths=HIDDEN, widest=WIDEST) -> list[Case]:

