@@ -8,6 +8,7 @@ Each prompt is sent as one user message through the model's chat template (``--n
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 
 from engine.core.engine.sampling_params import SamplingParams
@@ -29,6 +30,29 @@ def add_model_arguments(p) -> None:
                    help="GPU platforms: fraction of the device's memory for weights, activations and KV cache")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no decode graphs (CUDA graphs on GPUs, recorded kernel calls on CPUs)")
+    p.add_argument("--speculative-config", type=speculative_config, default=None, metavar="JSON",
+                   help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4}\','
+                        ' \'{"method": "draft_model", "model": PATH}\' or a table by batch size, '
+                        '\'{"method": "ngram", "num_speculative_tokens_per_batch_size": {"1": 4, "8": 2, "32": 0}}\'')
+
+
+def speculative_config(text: str) -> dict:
+    """--speculative-config: a JSON object checked by SpeculativeConfig now, so a typo fails before the model
+    loads (argparse prints the message and exits 2)."""
+    import argparse
+
+    from engine.core.engine.spec_decode.config import SpeculativeConfig
+
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg} at column {exc.colno}): {text!r}; quote the object "
+                                         "for the shell, e.g. '{\"method\": \"ngram\"}'") from exc
+    try:
+        SpeculativeConfig.from_dict(config)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return config
 
 
 def load_llm(args, **kwargs):
@@ -47,7 +71,8 @@ def load_llm(args, **kwargs):
                          f"{args.dtype} would run ops on their slow plain-torch references. Use --dtype "
                          f"{names.split(',')[0]}")
     llm = LLM(args.model, platform=platform, dtype=args.dtype, activation_quant=args.activation_quant,
-              gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, **kwargs)
+              gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+              speculative_config=getattr(args, "speculative_config", None), **kwargs)
     from engine.core.cli import resume_gc
 
     resume_gc()  # start-up is over (see cli.main)

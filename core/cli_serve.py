@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import threading
+
+from .serving import tls
 
 
 def add_arguments(p) -> None:
@@ -20,7 +24,11 @@ def add_arguments(p) -> None:
                    help="requests waiting for a slot before new ones get 503 with Retry-After")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences computed together in one step")
     p.add_argument("--max-model-len", type=int, default=None, help="cap the context (default: the model's)")
+    p.add_argument("--key-health-and-metrics", action="store_true",
+                   help="require --api-key on /health and /metrics too (default: open, for load balancers and "
+                        "Prometheus scrapers)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    tls.add_arguments(p)
 
 
 def model_name(llm, given: str | None) -> str:
@@ -42,6 +50,9 @@ def run(args) -> int:
 
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.key_health_and_metrics and not args.api_key:
+        raise ValueError("--key-health-and-metrics needs --api-key (or $ENGINE_API_KEY): there is no key to require")
+    ssl_options = tls.uvicorn_options(args)
     # Claim the port before the model loads and before anything says it is serving: a port in use is one line.
     try:
         sock = listen_socket(args.host, args.port)
@@ -52,21 +63,22 @@ def run(args) -> int:
     llm = load_llm(args, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     async_llm = AsyncLLM(llm, max_queue=args.max_queue)
     name = model_name(llm, args.served_model_name)
-    app = build_app(async_llm, name, api_key=args.api_key)
-    print(f"engine serve: model {name!r} on http://{args.host}:{args.port}/v1", flush=True)
-    return serve(app, async_llm, sock, args.log_level)
+    app = build_app(async_llm, name, api_key=args.api_key, key_health_and_metrics=args.key_health_and_metrics)
+    scheme = "https" if ssl_options else "http"
+    print(f"engine serve: model {name!r} on {scheme}://{args.host}:{args.port}/v1", flush=True)
+    return serve(app, async_llm, sock, args.log_level, ssl_options)
 
 
 ENGINE_STOPPED = 3  # the exit status when the engine loop died under the server (a device fault)
 
 
-def serve(app, async_llm, sock: socket.socket, log_level: str = "info") -> int:
+def serve(app, async_llm, sock: socket.socket, log_level: str = "info", ssl_options: dict | None = None) -> int:
     """Serve ``app`` on the listening ``sock`` until a signal (exit 0, streams ended cleanly) or until the engine loop
     stops under it (a device fault: /health answers 503 meanwhile, then exit ENGINE_STOPPED, so that a supervisor
     restarts the process instead of it answering 503 forever)."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, **(ssl_options or {}))
     stopped: list[str] = []
 
     class Server(uvicorn.Server):
@@ -84,11 +96,18 @@ def serve(app, async_llm, sock: socket.socket, log_level: str = "info") -> int:
                 return True
             return await super().on_tick(counter)
 
+    # uvicorn re-raises the signal it shut down on once it has shut down: SIGINT as KeyboardInterrupt (caught
+    # below), SIGTERM to this handler (the default one would kill the process, status -15). The shutdown before it
+    # was the graceful one: exit 0.
+    main = threading.current_thread() is threading.main_thread()  # (signals are the main thread's only)
+    previous = signal.signal(signal.SIGTERM, lambda sig, frame: None) if main else None
     try:
         Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
-        pass  # uvicorn re-raises the SIGINT it shut down on: that shutdown was the graceful one, exit 0
+        pass
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
         async_llm.shutdown()
         sock.close()
     return ENGINE_STOPPED if stopped else 0

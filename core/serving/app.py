@@ -31,7 +31,10 @@ from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 
-def build_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None) -> FastAPI:
+def build_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None,
+              key_health_and_metrics: bool = False) -> FastAPI:
+    """The app serving ``model_name``. With ``api_key``, /v1 requires 'Authorization: Bearer KEY'; /health and
+    /metrics stay open (load balancers, Prometheus) unless ``key_health_and_metrics``."""
     app = FastAPI(title="engine", docs_url=None, redoc_url=None)
     metrics = ServerMetrics(async_llm, model_name)
     handler = Handler(async_llm, model_name, metrics)
@@ -65,14 +68,15 @@ def build_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None) 
                               "authentication_error", code="invalid_api_key")
 
     v1 = [Depends(authorized)]
+    ops = v1 if key_health_and_metrics else []
 
-    @app.get("/health")
+    @app.get("/health", dependencies=ops)
     async def health():
         if not async_llm.is_running:
             raise OpenAIError(503, "the engine loop is not running", "server_error")
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=ops)
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 

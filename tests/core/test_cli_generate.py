@@ -51,3 +51,30 @@ def test_errors_are_one_clear_line():
 @pytest.mark.usefixtures("default_model")
 def test_prompt_longer_than_the_context_is_one_clear_line():
     _one_clear_line(["generate", "--no-chat", "word " * 9000], "but the context holds 8192")
+
+
+def test_a_bad_speculative_config_is_one_clear_line():
+    _one_clear_line(["generate", "--speculative-config", "{method}", "hi"], "not JSON")
+    _one_clear_line(["generate", "--speculative-config", '{"method": "ngrm"}', "hi"], "method must be one of")
+    _one_clear_line(["generate", "--speculative-config", '{"num_speculative_tokens": -1}', "hi"],
+                    "num_speculative_tokens")
+    _one_clear_line(["generate", "--speculative-config", '{"lookahead": 4}', "hi"], "unknown keys ['lookahead']")
+
+
+@pytest.mark.usefixtures("default_model")
+def test_speculative_config_drafts_and_keeps_the_greedy_tokens():
+    from engine.core.cli import build_parser
+    from engine.core.cli_generate import load_llm
+    from engine.core.engine.sampling_params import SamplingParams
+
+    spec = '{"method": "ngram", "num_speculative_tokens_per_batch_size": {"1": 4, "8": 0}, "prompt_lookup_min": 2}'
+    args = build_parser().parse_args(["generate", "--speculative-config", spec, "x"])
+    llm = load_llm(args)
+    assert llm.engine.speculator.config.num_tokens_for(1) == 4 and llm.engine.speculator.config.num_tokens_for(9) == 0
+    prompt = "Repeat after me: one two three four five six seven eight. one two three four five six seven eight."
+    params = SamplingParams(temperature=0, max_tokens=24)
+    drafted = llm.generate([prompt], params)[0].outputs[0].token_ids
+    assert llm.engine.speculator.stats.totals()["drafted"] > 0  # it speculated
+    plain = load_llm(build_parser().parse_args(["generate", "x"]))
+    assert plain.engine.speculator is None
+    assert plain.generate([prompt], params)[0].outputs[0].token_ids == drafted

@@ -47,7 +47,7 @@ def test_serve_answers_and_stops():
     finally:
         proc.terminate()
         proc.wait(30)
-    assert proc.returncode in (0, -15)
+    assert proc.returncode == 0, proc.stderr  # SIGTERM: a graceful shutdown, exit 0
 
 
 
