@@ -27,6 +27,11 @@ def add_arguments(p) -> None:
     p.add_argument("--key-health-and-metrics", action="store_true",
                    help="require --api-key on /health and /metrics too (default: open, for load balancers and "
                         "Prometheus scrapers)")
+    p.add_argument("--reasoning-parser", metavar="NAME",
+                   help="split the model's thinking into reasoning_content: deepseek_r1, qwen3 (or a plugin's name)")
+    p.add_argument("--tool-call-parser", metavar="NAME",
+                   help="read the tool calls the model writes (tool_choice auto): hermes (Qwen 2.5/3, Hermes), "
+                        "llama3_json, mistral (or a plugin's name)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     tls.add_arguments(p)
 
@@ -53,6 +58,11 @@ def run(args) -> int:
     if args.key_health_and_metrics and not args.api_key:
         raise ValueError("--key-health-and-metrics needs --api-key (or $ENGINE_API_KEY): there is no key to require")
     ssl_options = tls.uvicorn_options(args)
+    from .serving import parsers
+
+    for find, name in ((parsers.reasoning_parser, args.reasoning_parser), (parsers.tool_parser, args.tool_call_parser)):
+        if name:
+            find(name)  # an unknown name is one line before the model loads
     # Claim the port before the model loads and before anything says it is serving: a port in use is one line.
     try:
         sock = listen_socket(args.host, args.port)
@@ -63,7 +73,8 @@ def run(args) -> int:
     llm = load_llm(args, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     async_llm = AsyncLLM(llm, max_queue=args.max_queue)
     name = model_name(llm, args.served_model_name)
-    app = build_app(async_llm, name, api_key=args.api_key, key_health_and_metrics=args.key_health_and_metrics)
+    app = build_app(async_llm, name, api_key=args.api_key, key_health_and_metrics=args.key_health_and_metrics,
+                    reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser)
     scheme = "https" if ssl_options else "http"
     print(f"engine serve: model {name!r} on {scheme}://{args.host}:{args.port}/v1", flush=True)
     return serve(app, async_llm, sock, args.log_level, ssl_options)

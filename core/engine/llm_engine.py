@@ -227,7 +227,11 @@ class LLMEngine:
             out.logprobs.extend(new_logprobs)
             out.cumulative_logprob += logprobs[0]
         old_len = len(comp.full)
-        if token not in seq.params.stop_token_ids:
+        # The token that ends a sequence (a stop token id, or EOS) is not text, special tokens kept or not (vLLM's
+        # rule too): with skip_special_tokens=False an answer would end in '<|im_end|>'.
+        p = seq.params
+        if token not in p.stop_token_ids and not (seq.is_finished and not p.ignore_eos
+                                                  and token in self.scheduler.eos_token_ids):
             comp.full += comp.detok.add(token)
         if seq.is_finished:
             comp.full += comp.detok.flush()  # a character whose bytes never completed

@@ -26,18 +26,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.core.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError, RequestFailedError
 
+from . import parsers
 from .handlers import Handler, OpenAIError
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 
 def build_app(async_llm: AsyncLLM, model_name: str, api_key: str | None = None,
-              key_health_and_metrics: bool = False) -> FastAPI:
+              key_health_and_metrics: bool = False, reasoning_parser: str | None = None,
+              tool_call_parser: str | None = None) -> FastAPI:
     """The app serving ``model_name``. With ``api_key``, /v1 requires 'Authorization: Bearer KEY'; /health and
-    /metrics stay open (load balancers, Prometheus) unless ``key_health_and_metrics``."""
+    /metrics stay open (load balancers, Prometheus) unless ``key_health_and_metrics``. ``reasoning_parser`` and
+    ``tool_call_parser`` name output parsers (serving/parsers; ValueError for an unknown name)."""
     app = FastAPI(title="engine", docs_url=None, redoc_url=None)
     metrics = ServerMetrics(async_llm, model_name)
-    handler = Handler(async_llm, model_name, metrics)
+    handler = Handler(async_llm, model_name, metrics,
+                      reasoning_parser=parsers.reasoning_parser(reasoning_parser) if reasoning_parser else None,
+                      tool_parser=parsers.tool_parser(tool_call_parser) if tool_call_parser else None)
     app.state.async_llm, app.state.metrics = async_llm, metrics
     created = int(time.time())
 

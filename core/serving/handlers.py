@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 import uuid
@@ -12,6 +13,8 @@ from fastapi.responses import JSONResponse
 from engine.core.engine.async_llm import AsyncLLM, EngineDeadError
 from engine.core.engine.outputs import RequestOutput, StepUpdate
 
+from . import tool_choice
+from .chat_output import ChoiceOutput, OutputParsing
 from .formatting import FINISH_REASONS, chat_logprobs, completion_logprobs, sse, to_json, usage
 from .grammar import GrammarCompiler, GrammarError
 from .logit_bias import LogitBias
@@ -36,8 +39,10 @@ class OpenAIError(Exception):
 
 
 class Handler:
-    def __init__(self, async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics):
+    def __init__(self, async_llm: AsyncLLM, model_name: str, metrics: ServerMetrics, reasoning_parser=None,
+                 tool_parser=None):
         self.async_llm, self.model_name, self.metrics = async_llm, model_name, metrics
+        self.reasoning_parser, self.tool_parser = reasoning_parser, tool_parser  # factories (parsers/), or None
         self.llm = async_llm.llm
         self._grammar: GrammarCompiler | None = None
         self._grammar_lock = threading.Lock()
@@ -53,18 +58,25 @@ class Handler:
             raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         k = (req.top_logprobs or 0) if req.logprobs else None
         try:
+            parsing = tool_choice.output_parsing(req, self.reasoning_parser, self.tool_parser)
+        except tool_choice.ToolChoiceError as exc:
+            raise OpenAIError(400, str(exc), param="tool_choice") from exc
+        try:
             ids = await asyncio.to_thread(self._chat_ids, req)
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages") from exc
         max_tokens = req.max_completion_tokens or req.max_tokens
-        return await self._start("chat.completion", "chatcmpl", req, [ids], max_tokens, k, "messages")
+        return await self._start("chat.completion", "chatcmpl", req, [ids], max_tokens, k, "messages", parsing)
 
     def _chat_ids(self, req: ChatCompletionRequest) -> list[int]:
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        text = self.llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        messages = [m.template_message() for m in req.messages]
+        tools = tool_choice.template_tools(req)
+        text = self.llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                      **({"tools": tools} if tools else {}))
         return self.llm.tokenizer.encode(text, add_special_tokens=False)
 
-    async def _start(self, kind, prefix, req, prompts: list[list[int]], max_tokens, k, prompt_param) -> Job:
+    async def _start(self, kind, prefix, req, prompts: list[list[int]], max_tokens, k, prompt_param,
+                     parsing: OutputParsing | None = None) -> Job:
         ctx = self.llm.max_model_len
         for ids in prompts:
             if len(ids) >= ctx:
@@ -75,7 +87,8 @@ class Handler:
                 raise OpenAIError(400, f"max_tokens {max_tokens} plus the prompt's {len(ids)} tokens exceed the "
                                        f"model's context of {ctx}; ask for at most {ctx - len(ids)}",
                                   param="max_tokens", code="context_length_exceeded")
-        grammar = await asyncio.to_thread(self._grammar_processor, req.response_format)  # compiling takes CPU
+        forced = tool_choice.forced_schema(req) if parsing is not None and parsing.forced else None
+        grammar = await asyncio.to_thread(self._grammar_processor, req.response_format, forced)  # compiling: CPU
         bias = None
         if req.logit_bias:
             try:
@@ -86,11 +99,15 @@ class Handler:
         for ids in prompts:
             try:
                 procs = ([bias] if bias is not None else []) + ([grammar.clone()] if grammar is not None else [])
-                params.append(req.sampling_params(max_tokens or ctx - len(ids), k, procs, self.llm.generation_defaults))
+                sp = req.sampling_params(max_tokens or ctx - len(ids), k, procs, self.llm.generation_defaults)
+                if parsing is not None and parsing.tools is not None and parsing.tools.needs_special_tokens:
+                    sp = dataclasses.replace(sp, skip_special_tokens=False)  # the calls' markers are special tokens
+                params.append(sp)
             except ValueError as exc:
                 raise OpenAIError(400, str(exc).removeprefix("invalid SamplingParams: ")) from exc
         job = Job(self, kind, f"{prefix}-{uuid.uuid4().hex}", req.n, k,
-                  bool(req.stream_options and req.stream_options.include_usage), [len(p) for p in prompts])
+                  bool(req.stream_options and req.stream_options.include_usage), [len(p) for p in prompts],
+                  parsing if parsing is not None and parsing.active else None)
         for i, (ids, sp) in enumerate(zip(prompts, params, strict=True)):
             try:
                 job.streams.append(await self.async_llm.add_request(ids, sp, f"{job.id}-{i}"))
@@ -102,26 +119,34 @@ class Handler:
                 raise
         return job
 
-    def _grammar_processor(self, fmt):
+    def _grammar_processor(self, fmt, forced_schema: dict | None = None):
+        if forced_schema is not None:
+            return self._compile(forced_schema, "tools")
         if fmt is None or fmt.type == "text":
             return None
         if fmt.type == "json_schema" and (fmt.json_schema is None or fmt.json_schema.schema_ is None):
             raise OpenAIError(400, "response_format json_schema needs json_schema.schema", param="response_format")
+        return self._compile(fmt.json_schema.schema_ if fmt.type == "json_schema" else None,
+                             "response_format.json_schema.schema")
+
+    def _compile(self, schema, param: str):
         with self._grammar_lock:
             if self._grammar is None:
                 self._grammar = GrammarCompiler(self.llm.tokenizer, self.llm.config.vocab_size)
         try:
-            return self._grammar.processor(fmt.json_schema.schema_ if fmt.type == "json_schema" else None)
+            return self._grammar.processor(schema)
         except GrammarError as exc:
-            raise OpenAIError(400, str(exc), param="response_format.json_schema.schema") from exc
+            raise OpenAIError(400, str(exc), param=param) from exc
 
 
 class Job:
     """One HTTP request's engine requests (one per prompt, each with n completions)."""
 
     def __init__(self, handler: Handler, kind: str, id: str, n: int, k: int | None, include_usage: bool,
-                 prompt_lens: list[int]):
+                 prompt_lens: list[int], parsing: OutputParsing | None = None):
         self.h, self.kind, self.id, self.n, self.k = handler, kind, id, n, k
+        self.parsing = parsing  # reasoning / tool calls read out of a chat choice's text (chat_output.py)
+        self._outputs: dict[int, ChoiceOutput] = {}  # per streamed choice
         self.include_usage, self.prompt_lens = include_usage, prompt_lens
         self.created = int(time.time())
         self.streams: list = []
@@ -195,7 +220,11 @@ class Job:
                 if self.k is not None:
                     lp = (chat_logprobs(c.token_ids, c.logprobs, self.k) if self.kind == "chat.completion"
                           else completion_logprobs(c.token_ids, c.logprobs, self.k))
-                if self.kind == "chat.completion":
+                if self.kind == "chat.completion" and self.parsing is not None:
+                    choice["message"] = self.parsing.choice().message(c.text)
+                    if choice["message"].get("tool_calls") and choice["finish_reason"] == "stop":
+                        choice["finish_reason"] = "tool_calls"
+                elif self.kind == "chat.completion":
                     choice["message"] = {"role": "assistant", "content": c.text}
                 else:
                     choice["text"] = c.text
@@ -276,6 +305,8 @@ class Job:
     def _chunk(self, i: int, u: StepUpdate, chat: bool) -> dict | None:
         idx = i * self.n + u.index
         reason = FINISH_REASONS[u.output.outputs[u.index].finish_reason] if u.finished else None
+        if chat and self.parsing is not None:
+            return self._parsed_chunk(idx, u, reason)
         if not u.delta_text and reason is None and not u.new_logprobs:
             return None
         lp = None
@@ -288,3 +319,26 @@ class Job:
             return {"index": idx, "delta": {"content": u.delta_text} if u.delta_text else {}, "logprobs": lp,
                     "finish_reason": reason}
         return {"index": idx, "text": u.delta_text, "logprobs": lp, "finish_reason": reason}
+
+    def _parsed_chunk(self, idx: int, u: StepUpdate, reason: str | None) -> dict | None:
+        """A chat chunk whose delta the request's parsers made (reasoning_content, content, tool_calls)."""
+        out = self._outputs.get(idx)
+        if out is None:
+            out = self._outputs[idx] = self.parsing.choice()
+        delta = out.feed(u.delta_text) if u.delta_text else {}
+        if reason is not None:
+            delta = merge_deltas(delta, out.finish())
+            if out.calls and reason == "stop":
+                reason = "tool_calls"
+        lp = chat_logprobs(u.new_token_ids, u.new_logprobs, self.k) if self.k is not None and u.new_logprobs else None
+        if not delta and reason is None and lp is None:
+            return None
+        return {"index": idx, "delta": delta, "logprobs": lp, "finish_reason": reason}
+
+
+def merge_deltas(a: dict, b: dict) -> dict:
+    """One delta holding both: text fields joined, tool-call lists joined."""
+    merged = dict(a)
+    for key, value in b.items():
+        merged[key] = merged[key] + value if key in merged else value
+    return merged

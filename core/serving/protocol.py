@@ -3,9 +3,10 @@ clients send some this server has no use for), and the mapping of their sampling
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.core.engine.sampling_params import MAX_LOGPROBS, MAX_N, SEED_MAX, SEED_MIN, SamplingParams
 
@@ -110,12 +111,52 @@ class CompletionRequest(_Sampling):
         return list(p)
 
 
+MAX_TOOLS = 128  # tools in one request (OpenAI's own limit)
+FUNCTION_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class FunctionDefinition(BaseModel):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: str = Field(pattern=FUNCTION_NAME)
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_call_id: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -123,6 +164,19 @@ class ChatMessage(BaseModel):
         if v is None and info.data.get("role") != "assistant":
             raise ValueError(f"a {info.data.get('role')} message needs content (a string or text parts), not null")
         return v
+
+    def template_message(self) -> dict:
+        """The message as chat templates take it (Hugging Face's convention: a tool call's arguments as an
+        object where they parse as one)."""
+        msg = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            msg["name"] = self.name
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            msg["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
+                "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}} for c in self.tool_calls]
+        return msg
 
     def text(self) -> str:
         if self.content is None:
@@ -137,11 +191,33 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+def _json_or_text(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _tool_choice(self):
+        choice = self.tool_choice
+        if choice in ("required", "auto") or isinstance(choice, NamedToolChoice):
+            if not self.tools:
+                raise ValueError("tool_choice needs tools: send the functions the model may call in 'tools'")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in self.tools}:
+            raise ValueError(f"tool_choice names the function {choice.function.name!r}, which is not in 'tools'")
+        if self.tools and len({t.function.name for t in self.tools}) != len(self.tools):
+            raise ValueError("tools must have distinct function names")
+        return self
 
     @field_validator("messages", mode="before")
     @classmethod

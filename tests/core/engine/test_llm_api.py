@@ -104,3 +104,20 @@ def test_activation_quant_choices(monkeypatch):
     with_kernel.register("gguf_linear_q8act", lambda *a: None, name="k")
     monkeypatch.setattr(llm_module, "active_registry", lambda: with_kernel)
     assert llm_module.resolve_activation_quant("auto") == "q8"
+
+
+def test_the_ending_token_is_not_text_even_with_special_tokens_kept(llm, free_text):
+    """EOS ends the answer but is not part of it (vLLM's rule): keeping special tokens must not append
+    '<|im_end|>'; with ignore_eos it is an ordinary token and is text."""
+    kept = llm.chat([{"role": "user", "content": PROMPT}],
+                    SamplingParams(temperature=0, max_tokens=200, skip_special_tokens=False))[0].outputs[0]
+    assert kept.finish_reason == "stop" and kept.stop_reason is None
+    assert kept.token_ids[-1] in llm.tokenizer.eos_token_ids
+    assert kept.text.startswith(free_text) and "<|im_end|>" not in kept.text
+    eos = kept.token_ids[-1]
+    prompt = llm.tokenizer.encode(llm.chat_prompt([{"role": "user", "content": PROMPT}]), add_special_tokens=False)
+    n = len(kept.token_ids)
+    past = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True,
+                                                 skip_special_tokens=False))[0].outputs[0]
+    assert past.token_ids[:n] == kept.token_ids and past.token_ids[n - 1] == eos
+    assert past.text == kept.text + llm.tokenizer.decode([eos], skip_special_tokens=False)
