@@ -78,10 +78,29 @@ messages = st.lists(st.fixed_dictionaries(
      "content": _mostly(st.text(max_size=40), st.one_of(st.none(), st.integers(), st.lists(st.fixed_dictionaries(
          {"type": st.sampled_from(["text", "image_url"]), "text": st.text(max_size=10)}), max_size=2)))}),
     max_size=3)
+names = _mostly(st.sampled_from(["get_weather", "get_time", "f"]), st.text(max_size=70))
+schemas = _mostly(st.sampled_from([{"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}},
+                                   {"type": "object"}, {}]),
+                  st.one_of(st.sampled_from([{"type": "integer"}, {"type": "nonsense"}, {"$ref": "#/nowhere"},
+                                             {"type": "object", "required": ["x"], "properties": {}}]), junk))
+tools = st.lists(st.fixed_dictionaries(
+    {"type": _mostly(st.just("function"), junk),
+     "function": _mostly(st.fixed_dictionaries({"name": names}, optional={"parameters": schemas,
+                                                                         "description": st.text(max_size=10)}),
+                         junk)}), max_size=3)
+tool_choices = st.one_of(st.sampled_from(["none", "auto", "required"]), st.fixed_dictionaries(
+    {"type": st.just("function"), "function": st.fixed_dictionaries({"name": names})}), junk)
+tool_call_messages = st.fixed_dictionaries(
+    {"role": st.just("assistant"), "content": st.none(), "tool_calls": st.lists(st.fixed_dictionaries(
+        {"id": st.text(max_size=6), "type": st.just("function"), "function": st.fixed_dictionaries(
+            {"name": names, "arguments": st.one_of(st.just('{"city": "Paris"}'), st.text(max_size=10))})}),
+        max_size=2)})
 chat_bodies = st.fixed_dictionaries(
-    {"messages": _mostly(messages, junk)},
+    {"messages": _mostly(st.lists(st.one_of(messages, tool_call_messages.map(lambda m: [m])), max_size=2).map(
+        lambda parts: [m for part in parts for m in part]), junk)},
     optional={**SAMPLING, "logprobs": _field(st.booleans()), "top_logprobs": _field(ints),
-              "max_completion_tokens": _field(st.integers(-1, 6))})
+              "max_completion_tokens": _field(st.integers(-1, 6)), "tools": _field(tools),
+              "tool_choice": tool_choices, "parallel_tool_calls": _field(st.booleans())})
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +109,7 @@ def server():
     engine = AsyncLLM(llm, max_queue=4096)
     from engine.core.serving.app import build_app
 
-    running = start_server(build_app(engine, MODEL))
+    running = start_server(build_app(engine, MODEL, tool_call_parser="hermes", reasoning_parser="qwen3"))
     with httpx.Client(base_url=running.url, timeout=120) as http:
         yield http, engine
     running.stop()
@@ -132,6 +151,9 @@ def test_fuzz_completions(server, body):
 @example(body={"messages": [{"role": "user", "content": None}], "model": MODEL})
 @example(body={"messages": [{"role": "user", "content": "hi"}], "model": MODEL, "max_tokens": 2,
                "response_format": {"type": "json_object"}, "stream": True})
+@example(body={"messages": [{"role": "user", "content": "hi"}], "model": MODEL, "max_tokens": 3,
+               "tool_choice": "required",
+               "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]})
 def test_fuzz_chat(server, body):
     http, engine = server
     _check(http, engine, "/v1/chat/completions", _body(body))
