@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import torch
 
 from engine.core.models.config import ModelConfig
-from engine.core.models.weights import QuantizedWeight, Weight
+from engine.core.models.weights import Weight, weight_bytes
 
 GIB = 1 << 30
 
@@ -25,7 +25,7 @@ class DeviceMemoryError(ValueError):
 
 
 def weight_nbytes(weights: Iterable[Weight]) -> int:
-    return sum(w.raw.nbytes if isinstance(w, QuantizedWeight) else w.nbytes for w in weights)
+    return sum(weight_bytes(w) for w in weights)
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:

@@ -58,10 +58,8 @@ def hf_config(model_dir: str) -> ModelConfig:
         raise ModelLoadError(f"{path}: architecture {archs} is not supported; supported: "
                              f"{', '.join(sorted(SUPPORTED_ARCHS))}")
     arch = SUPPORTED_ARCHS[name]
-    if cfg.get("quantization_config"):
-        method = cfg["quantization_config"].get("quant_method", "?")
-        raise ModelLoadError(f"{path}: quantized HF checkpoints ({method}) are not supported; "
-                             "use the unquantized checkpoint or a GGUF file")
+    if cfg.get("quantization_config") is not None and not isinstance(cfg["quantization_config"], dict):
+        raise ModelLoadError(f"{path}: quantization_config must be an object")
     act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
     if act != "silu":
         raise ModelLoadError(f"{path}: hidden_act {act!r} is not supported (only silu)")

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from .hf_config import hf_config
+from engine.core.models.weights import Fp8Weight
+
+from .errors import ModelLoadError
+from .hf_config import hf_config, read_json
+from .hf_quant import fp8_scheme
 from .hf_tokenizer import hf_tokenizer
 from .safetensors_weights import load_safetensors, safetensors_files
 
@@ -15,7 +21,17 @@ def load_hf(model_dir: str, dtype: torch.dtype):
     config = hf_config(model_dir)
     files = safetensors_files(model_dir)
     tokenizer = hf_tokenizer(model_dir, config.eos_token_ids)
-    weights = load_safetensors(files, dtype)
+    qc = read_json(os.path.join(model_dir, "config.json")).get("quantization_config")
+    scheme = fp8_scheme(qc, model_dir) if qc else None
+    weights = load_safetensors(files, dtype, keep=scheme.keeps if scheme else None)
+    if scheme is not None:
+        weights = scheme.pack(weights, model_dir)
+        experts = [n for n, w in weights.items() if ".experts." in n and isinstance(w, Fp8Weight)]
+        if experts:
+            raise ModelLoadError(f"{model_dir}: FP8 MoE experts ({experts[0]}, ...) are not read from checkpoints "
+                                 "yet (issue 27); use the unquantized checkpoint or a GGUF file")
+        if isinstance(weights.get("model.embed_tokens.weight"), Fp8Weight):
+            raise ModelLoadError(f"{model_dir}: an FP8 embedding table is not supported")
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     for name in [n for n in weights if n.endswith("rotary_emb.inv_freq")]:

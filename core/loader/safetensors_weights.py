@@ -40,8 +40,9 @@ def safetensors_files(model_dir: str) -> list[str]:
     raise ModelLoadError(f"{model_dir} has no *.safetensors weights; download the model's safetensors files")
 
 
-def load_safetensors(files: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every tensor in ``files``, floating ones cast to ``dtype``; ModelLoadError for truncated/corrupt files."""
+def load_safetensors(files: list[str], dtype: torch.dtype, keep=None) -> dict[str, torch.Tensor]:
+    """Every tensor in ``files``, floating ones cast to ``dtype`` unless ``keep(name, tensor)`` (a quantized
+    checkpoint's FP8 values and scales); ModelLoadError for truncated/corrupt files."""
     from safetensors import SafetensorError, safe_open
 
     out: dict[str, torch.Tensor] = {}
@@ -51,7 +52,8 @@ def load_safetensors(files: list[str], dtype: torch.dtype) -> dict[str, torch.Te
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
                     t = f.get_tensor(name)
-                    out[name] = t.to(dtype) if t.is_floating_point() else t
+                    cast = t.is_floating_point() and not (keep is not None and keep(name, t))
+                    out[name] = t.to(dtype) if cast else t
         except (SafetensorError, OSError, RuntimeError, ValueError) as e:
             raise ModelLoadError(f"{path} ({size} bytes) cannot be read as safetensors: {e}. The file is truncated "
                                  "or corrupted (an interrupted download?); download it again.") from e

@@ -6,12 +6,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.core.ops.fp8 import BLOCK_K, FP8_DTYPES, fp8_linear, fp8_max
+from engine.core.ops.fp8_quant import fp8_quantize_per_token
 from engine.core.ops.gguf_q8act import gguf_linear_q8act
 from engine.core.ops.gguf_quant import gguf_dequantize, gguf_linear
 from engine.core.ops.linear import linear
 from engine.core.ops.registry import CallSite
 
-from .weights import QuantizedWeight, Weight
+from .weights import Fp8Weight, QuantizedWeight, Weight
 
 
 class Linear:
@@ -19,22 +21,36 @@ class Linear:
     kernel (the dense ``linear`` op's or a quantized one's) is looked up once per step shape instead of dispatched
     on every call. A platform with no dense kernel runs the op's reference, torch's F.linear."""
 
-    __slots__ = ("w", "bias", "site", "raw", "qtype", "cols", "quantized")
+    __slots__ = ("w", "bias", "site", "raw", "qtype", "cols", "quantized", "fp8", "quant")
 
     def __init__(self, w: Weight, bias: torch.Tensor | None = None):
         self.w, self.bias = w, bias
         self.quantized = isinstance(w, QuantizedWeight)
+        self.fp8 = isinstance(w, Fp8Weight)
         if self.quantized:
             self.site = CallSite(gguf_linear_q8act if w.quantize_activations else gguf_linear)
             self.raw, self.qtype, self.cols = w.raw, w.qtype, w.cols
+        elif self.fp8:
+            self.site = CallSite(fp8_linear)
+            self.quant = CallSite(fp8_quantize_per_token) if w.input_scale is None else None
         else:
             self.site = CallSite(linear)
 
     def __call__(self, key, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8:
+            return self._fp8(key, x)
         if not self.quantized:
             return self.site(key, x, self.w, self.bias)
         y = self.site(key, x, self.raw, self.qtype, self.cols)
         return y if self.bias is None else y + self.bias
+
+    def _fp8(self, key, x: torch.Tensor) -> torch.Tensor:
+        w = self.w
+        if self.quant is not None:  # dynamic: one scale per token or per 1x128 group, from the activations
+            x_q, x_scale = self.quant(key, x, fp8_name(w.q.dtype), w.act_group)
+        else:  # static: the checkpoint's calibrated per-tensor scale
+            x_q, x_scale = quantize_static(x, w.input_scale, w.q.dtype), w.input_scale
+        return self.site(key, x_q, x_scale, w.q, w.scale, self.bias, x.dtype)
 
 
 class Embedding:
@@ -55,6 +71,8 @@ def stack_rows(*ws: Weight) -> Weight | None:
     when they cannot share one (a mix of plain and quantized weights, or of quantization types)."""
     if all(isinstance(w, torch.Tensor) for w in ws):
         return torch.cat(ws) if len({(w.shape[1], w.dtype) for w in ws}) == 1 else None
+    if all(isinstance(w, Fp8Weight) for w in ws):
+        return stack_fp8(ws)
     if not all(isinstance(w, QuantizedWeight) for w in ws):
         return None
     first = ws[0]
@@ -67,3 +85,34 @@ def stack_rows(*ws: Weight) -> Weight | None:
 
 def out_features(w: Weight) -> int:
     return w.rows if isinstance(w, QuantizedWeight) else w.shape[0]
+
+
+def fp8_name(dtype: torch.dtype) -> str:
+    return next(name for name, d in FP8_DTYPES.items() if d == dtype)
+
+
+def quantize_static(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """x quantized with a given per-tensor scale (a checkpoint's static input_scale), saturating at +-fp8_max."""
+    top = fp8_max(fp8_dtype)
+    return (x.float() / scale).clamp(-top, top).to(fp8_dtype)
+
+
+def stack_fp8(ws) -> Fp8Weight | None:
+    """FP8 matrices as one: per-channel scales (per-tensor ones become per-channel, exactly) or 128x128 blocks
+    whose row blocks do not straddle two matrices; the activations must be quantized alike."""
+    first = ws[0]
+    if any((w.q.dtype, w.q.shape[1], w.act_group) != (first.q.dtype, first.q.shape[1], first.act_group) for w in ws):
+        return None
+    if any((w.input_scale is None) != (first.input_scale is None) for w in ws):
+        return None
+    if first.input_scale is not None and any(not torch.equal(w.input_scale, first.input_scale) for w in ws):
+        return None
+    kinds = {w.granularity for w in ws}
+    if kinds <= {"tensor", "channel"}:
+        scale = torch.cat([w.scale.reshape(1, 1).expand(w.q.shape[0], 1) if w.granularity == "tensor" else w.scale
+                           for w in ws])
+    elif kinds == {"block"} and all(w.q.shape[0] % BLOCK_K == 0 for w in ws[:-1]):
+        scale = torch.cat([w.scale for w in ws])
+    else:
+        return None
+    return Fp8Weight(torch.cat([w.q for w in ws]), scale.contiguous(), first.act_group, first.input_scale)

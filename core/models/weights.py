@@ -25,11 +25,48 @@ class QuantizedWeight:
         return (self.rows, self.cols)
 
 
-Weight = torch.Tensor | QuantizedWeight
+@dataclass
+class Fp8Weight:
+    """A [rows, cols] matrix kept in FP8 as W8A8 checkpoints store it, used through ops.fp8_linear once the
+    activations are quantized too. ``q`` is float8 [rows, cols]; ``scale`` fp32 in fp8_linear's layouts ([] per
+    tensor, [rows, 1] per channel, [ceil(rows/128), ceil(cols/128)] per 128x128 block). Activations: a static
+    per-tensor ``input_scale``, else dynamic per token (``act_group`` 0) or per 1x128 group (``act_group`` 128)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    act_group: int = 0
+    input_scale: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    @property
+    def granularity(self) -> str:
+        if self.scale.numel() == 1:
+            return "tensor"
+        return "channel" if tuple(self.scale.shape) == (self.q.shape[0], 1) else "block"
+
+
+Weight = torch.Tensor | QuantizedWeight | Fp8Weight
 
 
 def to_device(w: Weight, device: torch.device) -> Weight:
     """The weight on ``device`` (the same object when it is already there)."""
     if isinstance(w, QuantizedWeight):
         return w if w.raw.device == device else dataclasses.replace(w, raw=w.raw.to(device))
+    if isinstance(w, Fp8Weight):
+        if w.q.device == device:
+            return w
+        return dataclasses.replace(w, q=w.q.to(device), scale=w.scale.to(device), input_scale=None
+                                   if w.input_scale is None else w.input_scale.to(device))
     return w if w.device == device else w.to(device)
+
+
+def weight_bytes(w: Weight) -> int:
+    """Bytes the weight holds in memory (quantized weights: their blocks or FP8 values and scales)."""
+    if isinstance(w, QuantizedWeight):
+        return w.raw.nbytes
+    if isinstance(w, Fp8Weight):
+        return w.q.nbytes + w.scale.nbytes + (0 if w.input_scale is None else w.input_scale.nbytes)
+    return w.nbytes
