@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 
-from engine.core.models.weights import Fp8Weight
+from engine.core.models.weights import Fp8Weight, weight_bytes
 
 from .errors import ModelLoadError
 from .hf_config import hf_config, read_json
 from .hf_quant import fp8_scheme
 from .hf_tokenizer import hf_tokenizer
 from .safetensors_weights import load_safetensors, safetensors_files
+
+log = logging.getLogger("engine")
 
 
 def load_hf(model_dir: str, dtype: torch.dtype):
@@ -32,6 +35,10 @@ def load_hf(model_dir: str, dtype: torch.dtype):
                                  "yet (issue 27); use the unquantized checkpoint or a GGUF file")
         if isinstance(weights.get("model.embed_tokens.weight"), Fp8Weight):
             raise ModelLoadError(f"{model_dir}: an FP8 embedding table is not supported")
+        kept = [w for w in weights.values() if isinstance(w, Fp8Weight)]
+        log.info("engine: %s: %s checkpoint; %d matrices kept in FP8 (%s), %.1f MiB with their scales; the rest "
+                 "(embeddings, norms, unquantized layers) in %s", model_dir, qc.get("quant_method"), len(kept),
+                 scheme.description, sum(weight_bytes(w) for w in kept) / 2**20, str(dtype).removeprefix("torch."))
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     for name in [n for n in weights if n.endswith("rotary_emb.inv_freq")]:

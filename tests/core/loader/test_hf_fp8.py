@@ -111,9 +111,11 @@ def checkpoint(request, tmp_path):
     return request.param, hf, tmp_path
 
 
-def test_fp8_checkpoints_stay_fp8_and_match_transformers(checkpoint):
+def test_fp8_checkpoints_stay_fp8_and_match_transformers(checkpoint, caplog):
     name, hf, path = checkpoint
-    llm = LLM(str(path), dtype="float32", num_kv_blocks=32, block_size=16)
+    with caplog.at_level("INFO", logger="engine"):
+        llm = LLM(str(path), dtype="float32", num_kv_blocks=32, block_size=16)
+    assert f"{LAYOUTS[name][2]['quant_method']} checkpoint; 14 matrices kept in FP8" in caplog.text, caplog.text
     layer = llm.model.layers[0]
     kept = [layer.attn.qkv_proj.w, layer.attn.o_proj.w, *(lin.w for lin in layer.mlp.gate_up), layer.mlp.down.w]
     assert all(isinstance(w, Fp8Weight) and w.q.dtype == FP8 for w in kept), name  # kept in FP8, q/k/v as one
