@@ -7,11 +7,11 @@ import os
 
 import torch
 
-from engine.core.models.weights import Fp8Weight, weight_bytes
+from engine.core.models.weights import Fp8Weight, QuantizedWeight, weight_bytes
 
 from .errors import ModelLoadError
 from .hf_config import hf_config, read_json
-from .hf_quant import fp8_scheme
+from .hf_quant import quant_scheme
 from .hf_tokenizer import hf_tokenizer
 from .safetensors_weights import load_safetensors, safetensors_files
 
@@ -25,22 +25,28 @@ def load_hf(model_dir: str, dtype: torch.dtype):
     files = safetensors_files(model_dir)
     tokenizer = hf_tokenizer(model_dir, config.eos_token_ids)
     qc = read_json(os.path.join(model_dir, "config.json")).get("quantization_config")
-    scheme = fp8_scheme(qc, model_dir) if qc else None
+    scheme = quant_scheme(qc, model_dir) if qc else None
     weights = load_safetensors(files, dtype, keep=scheme.keeps if scheme else None)
     if scheme is not None:
-        weights = scheme.pack(weights, model_dir)
-        experts = [n for n, w in weights.items() if ".experts." in n and isinstance(w, Fp8Weight)]
-        if experts:
-            raise ModelLoadError(f"{model_dir}: FP8 MoE experts ({experts[0]}, ...) are not read from checkpoints "
-                                 "yet (issue 27); use the unquantized checkpoint or a GGUF file")
-        if isinstance(weights.get("model.embed_tokens.weight"), Fp8Weight):
-            raise ModelLoadError(f"{model_dir}: an FP8 embedding table is not supported")
-        kept = [w for w in weights.values() if isinstance(w, Fp8Weight)]
-        log.info("engine: %s: %s checkpoint; %d matrices kept in FP8 (%s), %.1f MiB with their scales; the rest "
-                 "(embeddings, norms, unquantized layers) in %s", model_dir, qc.get("quant_method"), len(kept),
-                 scheme.description, sum(weight_bytes(w) for w in kept) / 2**20, str(dtype).removeprefix("torch."))
+        weights = _packed(scheme, weights, qc.get("quant_method"), model_dir, dtype)
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     for name in [n for n in weights if n.endswith("rotary_emb.inv_freq")]:
         del weights[name]
     return config, weights, tokenizer
+
+
+def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dtype) -> dict:
+    """The quantized checkpoint's weights with each quantized matrix as one object, said at INFO level."""
+    weights = scheme.pack(weights, model_dir)
+    quantized = {n: w for n, w in weights.items() if isinstance(w, (Fp8Weight, QuantizedWeight))}
+    experts = [n for n in quantized if ".experts." in n]
+    if experts:
+        raise ModelLoadError(f"{model_dir}: quantized MoE experts ({experts[0]}, ...) are not read from checkpoints "
+                             "yet (issue 27); use the unquantized checkpoint or a GGUF file")
+    if "model.embed_tokens.weight" in quantized:
+        raise ModelLoadError(f"{model_dir}: a quantized embedding table is not supported")
+    log.info("engine: %s: %s checkpoint; %d matrices kept quantized (%s), %.1f MiB with their scales; the rest "
+             "(embeddings, norms, unquantized layers) in %s", model_dir, method, len(quantized), scheme.description,
+             sum(weight_bytes(w) for w in quantized.values()) / 2**20, str(dtype).removeprefix("torch."))
+    return weights

@@ -1,4 +1,5 @@
-"""Quantized HF checkpoints, read as they are published and kept quantized: W8A8 FP8.
+"""Quantized HF checkpoints, read as they are published and kept quantized: W8A8 FP8 here, GPTQ/AWQ 4-bit in
+hf_int4.py.
 
 - ``quant_method: "fp8"`` with ``weight_block_size: [128, 128]`` (DeepSeek-V3, Qwen3-FP8, transformers'
   FineGrainedFP8): float8_e4m3fn weights, ``weight_scale_inv`` per 128x128 block, activations quantized per 1x128
@@ -23,7 +24,7 @@ from engine.core.models.weights import Fp8Weight
 
 from .errors import ModelLoadError
 
-SUPPORTED = "fp8 (128x128 blocks), fbgemm_fp8, compressed-tensors float-quantized W8A8"
+SUPPORTED = "fp8 (128x128 blocks), fbgemm_fp8, compressed-tensors float-quantized W8A8, gptq and awq 4-bit"
 _SCALE_SUFFIXES = ("weight_scale", "weight_scale_inv", "input_scale", "input_scale_ub", "k_scale", "v_scale")
 
 
@@ -81,8 +82,9 @@ def _scale_layout(scale: torch.Tensor, shape, name: str, source: str) -> torch.T
                          f"per channel [{n}, 1] nor per 128x128 block {list(blocks)}")
 
 
-def fp8_scheme(qc: dict, source: str) -> Fp8Scheme:
-    """The Fp8Scheme of a config.json's ``quantization_config``; ModelLoadError for what is not supported."""
+def quant_scheme(qc: dict, source: str):
+    """How to read a checkpoint with this config.json ``quantization_config`` (an Fp8Scheme, or hf_int4's
+    Int4Scheme for GPTQ/AWQ: both with ``keeps`` and ``pack``); ModelLoadError for what is not supported."""
     method = qc.get("quant_method")
     if method == "fp8":
         if list(qc.get("weight_block_size") or []) != [128, 128]:
@@ -96,6 +98,10 @@ def fp8_scheme(qc: dict, source: str) -> Fp8Scheme:
         return Fp8Scheme("weight_scale", description="FP8 per channel, per-token activations")
     if method == "compressed-tensors":
         return _compressed_tensors(qc, source)
+    if method in ("gptq", "awq"):
+        from .hf_int4 import int4_scheme
+
+        return int4_scheme(qc, source)
     raise ModelLoadError(f"{source}: quantized HF checkpoints with quant_method {method!r} are not supported yet "
                          f"(supported: {SUPPORTED}); use the unquantized checkpoint or a GGUF file")
 

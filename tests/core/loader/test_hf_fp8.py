@@ -115,7 +115,7 @@ def test_fp8_checkpoints_stay_fp8_and_match_transformers(checkpoint, caplog):
     name, hf, path = checkpoint
     with caplog.at_level("INFO", logger="engine"):
         llm = LLM(str(path), dtype="float32", num_kv_blocks=32, block_size=16)
-    assert f"{LAYOUTS[name][2]['quant_method']} checkpoint; 14 matrices kept in FP8" in caplog.text, caplog.text
+    assert f"{LAYOUTS[name][2]['quant_method']} checkpoint; 14 matrices kept quantized" in caplog.text, caplog.text
     layer = llm.model.layers[0]
     kept = [layer.attn.qkv_proj.w, layer.attn.o_proj.w, *(lin.w for lin in layer.mlp.gate_up), layer.mlp.down.w]
     assert all(isinstance(w, Fp8Weight) and w.q.dtype == FP8 for w in kept), name  # kept in FP8, q/k/v as one
@@ -143,7 +143,8 @@ def test_fp8_checkpoints_stay_fp8_and_match_transformers(checkpoint, caplog):
 def test_what_is_not_supported_is_named(tmp_path, checkpoint):
     _, _, path = checkpoint
     config = json.loads((path / "config.json").read_text())
-    for qc, message in (({"quant_method": "gptq", "bits": 4}, "quant_method 'gptq' are not supported yet"),
+    for qc, message in (({"quant_method": "bitsandbytes"}, "quant_method .bitsandbytes. are not supported yet"),
+                        ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "3-bit weights is not supported"),
                         ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "128x128 weight blocks"),
                         (_ct("channel", {"strategy": "token", "dynamic": True}) | {"format": "pack-quantized"},
                          "'pack-quantized' is not supported yet")):

@@ -1,0 +1,107 @@
+"""GPTQ and AWQ 4-bit checkpoints, repacked at load into the GGUF blocks the platforms already run (Q4_0, Q4_1).
+
+A 4-bit group-quantized weight is ``W[n, k] = (q[n, k] - z[g, n]) * s[g, n]`` with ``g = k // group_size``. A GGUF
+block holds 32 consecutive k of one row with one scale (Q4_0: ``(q - 8) * d``; Q4_1: ``q * d + m``), so any group
+size that is a multiple of 32 (or one group per row) becomes blocks with the group's scale repeated: symmetric
+checkpoints (every zero 8, GPTQ's usual ``sym: true``) as Q4_0, exactly; others as Q4_1 with ``m = -z * s`` rounded
+to fp16 (as the GPU kernels that read these checkpoints round ``(q - z) * s``). The matrices then run on the GGUF
+kernels: the native CPU ones and the Triton ones on GPUs.
+
+Layouts, as the quantizers write them:
+- GPTQ (AutoGPTQ / GPTQModel, ``checkpoint_format`` "gptq"): ``qweight`` int32 [K/8, N] (8 nibbles along k, low
+  bits first), ``qzeros`` int32 [G, N/8] (along n) holding zero - 1 ("gptq_v2": the zero itself), ``scales`` fp16
+  [G, N], ``g_idx`` int32 [K] (must be k // group_size: act-order checkpoints with a permuted g_idx are refused).
+- AWQ (AutoAWQ "gemm"): ``qweight`` int32 [K, N/8] and ``qzeros`` int32 [G, N/8], 8 nibbles along n in the order
+  0, 2, 4, 6, 1, 3, 5, 7; ``scales`` fp16 [G, N].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.models.weights import QuantizedWeight
+from engine.core.ops.gguf_quant import BLOCK, Q4_0, Q4_1
+
+from .errors import ModelLoadError
+
+SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+AWQ_NIBBLE_OF_COLUMN = [0, 4, 1, 5, 2, 6, 3, 7]  # AWQ packs columns 0,2,4,6,1,3,5,7 into nibbles 0..7
+
+
+def nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """int32 [..., C] -> [..., C * 8] values 0..15, nibble j of each word at position 8c + j."""
+    return ((packed.to(torch.int32)[..., None] >> SHIFTS) & 0xF).reshape(*packed.shape[:-1], -1)
+
+
+class Int4Scheme:
+    def __init__(self, method: str, group_size: int, zero_offset: int, description: str):
+        self.method, self.group_size, self.zero_offset = method, group_size, zero_offset
+        self.description = description
+
+    def keeps(self, name: str, t: torch.Tensor) -> bool:
+        return name.endswith(".scales")  # fp16 scales stay as written: GGUF blocks store fp16 scales too
+
+    def pack(self, weights: dict[str, torch.Tensor], source: str) -> dict:
+        out = dict(weights)
+        for base in sorted(n.removesuffix("qweight") for n in weights if n.endswith(".qweight")):
+            parts = {p: out.pop(base + p, None) for p in ("qweight", "qzeros", "scales", "g_idx")}
+            if parts["scales"] is None or parts["qzeros"] is None:
+                raise ModelLoadError(f"{source}: {base}qweight has no scales or qzeros beside it; the checkpoint "
+                                     f"does not follow its {self.method} quantization_config")
+            out[base + "weight"] = self._repack(base, source, **parts)
+        return out
+
+    def _repack(self, base, source, qweight, qzeros, scales, g_idx) -> QuantizedWeight:
+        if self.method == "gptq":
+            q = nibbles(qweight.t()).contiguous()  # [N, K]
+            z = nibbles(qzeros)  # [G, N]
+        else:
+            perm = torch.tensor(AWQ_NIBBLE_OF_COLUMN)
+            q = nibbles(qweight).reshape(qweight.shape[0], -1, 8)[..., perm].reshape(qweight.shape[0], -1).t()
+            z = nibbles(qzeros).reshape(qzeros.shape[0], -1, 8)[..., perm].reshape(qzeros.shape[0], -1)
+        n, k = q.shape
+        group = k if self.group_size == -1 else self.group_size
+        if tuple(scales.shape) != (-(-k // group), n) or tuple(z.shape) != tuple(scales.shape):
+            raise ModelLoadError(f"{source}: {base}scales {list(scales.shape)} / qzeros do not fit a [{n}, {k}] "
+                                 f"weight in groups of {group}")
+        if k % BLOCK or group % BLOCK:
+            raise ModelLoadError(f"{source}: {base}weight has K={k} and groups of {group}; both must be multiples of "
+                                 f"{BLOCK} to run as GGUF 4-bit blocks")
+        if g_idx is not None and not torch.equal(g_idx.to(torch.int64), torch.arange(k) // group):
+            raise ModelLoadError(f"{source}: {base}g_idx reorders the input columns (an act-order / desc_act GPTQ "
+                                 "checkpoint), which is not supported yet; use a checkpoint quantized without "
+                                 "desc_act")
+        z = (z + self.zero_offset).t()  # [N, G]
+        s = scales.to(torch.float16).t()  # [N, G]
+        per_block = group // BLOCK
+        d = s.repeat_interleave(per_block, dim=1)[:, :k // BLOCK]  # [N, K / 32] (a last group may be partial)
+        vals = q.to(torch.uint8).reshape(n, k // BLOCK, BLOCK)
+        qs = vals[..., :16] | (vals[..., 16:] << 4)
+        if bool((z == 8).all()):
+            raw = torch.cat([d[..., None].view(torch.uint8), qs], dim=-1)
+            qtype = Q4_0
+        else:
+            m = (-(z.float() * s.float())).to(torch.float16).repeat_interleave(per_block, dim=1)[:, :k // BLOCK]
+            raw = torch.cat([d[..., None].view(torch.uint8), m[..., None].view(torch.uint8), qs], dim=-1)
+            qtype = Q4_1
+        return QuantizedWeight(raw.reshape(n, -1).contiguous(), qtype, n, k)
+
+
+def int4_scheme(qc: dict, source: str) -> Int4Scheme:
+    method = qc.get("quant_method")
+    bits, group = qc.get("bits", qc.get("w_bit")), qc.get("group_size", qc.get("q_group_size"))
+    if bits != 4:
+        raise ModelLoadError(f"{source}: {method} with {bits}-bit weights is not supported (4-bit is)")
+    if not isinstance(group, int) or (group != -1 and (group <= 0 or group % BLOCK)):
+        raise ModelLoadError(f"{source}: {method} group_size {group!r}: a multiple of {BLOCK} or -1 is supported")
+    if method == "gptq":
+        fmt = qc.get("checkpoint_format", "gptq")
+        if fmt not in ("gptq", "gptq_v2"):
+            raise ModelLoadError(f"{source}: GPTQ checkpoint_format {fmt!r} is not supported (gptq, gptq_v2 are)")
+        return Int4Scheme("gptq", group, 1 if fmt == "gptq" else 0, f"GPTQ 4-bit, groups of {group}")
+    version = str(qc.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise ModelLoadError(f"{source}: AWQ version {version!r} is not supported (gemm is)")
+    if qc.get("zero_point") is False:
+        raise ModelLoadError(f"{source}: AWQ without zero points is not supported")
+    return Int4Scheme("awq", group, 0, f"AWQ 4-bit, groups of {group}")

@@ -1,0 +1,143 @@
+"""GPTQ (v1 and v2 zero formats, symmetric and not) and AWQ 4-bit checkpoints, packed in the test as the quantizers
+write them from a random transformers model: they load as GGUF 4-bit blocks (Q4_0 when symmetric, else Q4_1) and the
+logits match transformers' forward pass on the dequantized weights, (q - z) * s."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine import LLM
+from engine.core.loader import ModelLoadError
+from engine.core.models.weights import QuantizedWeight
+from engine.core.ops.gguf_quant import Q4_0, Q4_1
+from tests.core.loader.test_hf_fp8 import LINEARS
+from tests.core.models.test_tiny_random_vs_hf import VOCAB, _save_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+AWQ_COLUMN_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # nibble j of an AWQ word holds column AWQ_COLUMN_ORDER[j]
+
+
+def pack_along_last(v: torch.Tensor, order=range(8)) -> torch.Tensor:
+    """[..., C*8] values 0..15 -> int32 [..., C], nibble j holding element order[j] of each group of 8."""
+    groups = v.to(torch.int64).reshape(*v.shape[:-1], -1, 8)
+    word = torch.zeros(groups.shape[:-1], dtype=torch.int64)
+    for j, col in enumerate(order):
+        word |= groups[..., col] << (4 * j)
+    return (word - (word >= 2**31) * 2**32).to(torch.int32)  # the bits as int32
+
+
+def quantize(w: torch.Tensor, group: int, sym: bool):
+    """(q [N, K], z [G, N], s [G, N] fp16) of w [N, K]: 4-bit, min/max per group (symmetric: z = 8)."""
+    n, k = w.shape
+    g = k if group == -1 else group
+    qs, zs, ss = [], [], []
+    for j in range(0, k, g):
+        part = w[:, j:j + g]
+        if sym:
+            s = (part.abs().amax(dim=1) / 7.5).clamp(min=1e-6).half()
+            z = torch.full((n,), 8)
+        else:
+            lo, hi = part.amin(dim=1), part.amax(dim=1)
+            s = ((hi - lo) / 15).clamp(min=1e-6).half()
+            z = torch.round(-lo / s.float()).clamp(0, 15).to(torch.int64)
+        q = torch.round(part / s.float()[:, None] + z[:, None]).clamp(0, 15).to(torch.int64)
+        qs.append(q)
+        zs.append(z)
+        ss.append(s)
+    return torch.cat(qs, 1), torch.stack(zs), torch.stack(ss)
+
+
+def dequantize(q, z, s, group):
+    g = q.shape[1] if group == -1 else group
+    cols = torch.arange(q.shape[1]) // g
+    return (q - z.t()[:, cols]).float() * s.t().float()[:, cols]
+
+
+# name: (method, group size, symmetric, checkpoint_format)
+LAYOUTS = {"gptq_sym_g128": ("gptq", 128, True, "gptq"), "gptq_asym_g32": ("gptq", 32, False, "gptq"),
+           "gptq_v2_asym_g64": ("gptq", 64, False, "gptq_v2"), "gptq_sym_channel": ("gptq", -1, True, "gptq"),
+           "awq_g128": ("awq", 128, False, None), "awq_g32": ("awq", 32, False, None)}
+
+
+def write(tensors, base, method, q, z, s, fmt, g_idx_group):
+    if method == "gptq":
+        n = q.shape[0]  # [K/8, N]: word [i, n] holds k = 8i..8i+7 of row n
+        tensors[base + "qweight"] = pack_along_last(q.t().reshape(-1, 8, n).transpose(1, 2).reshape(-1, n * 8))
+        tensors[base + "qzeros"] = pack_along_last(z - (1 if fmt == "gptq" else 0))
+        tensors[base + "g_idx"] = (torch.arange(q.shape[1]) // g_idx_group).to(torch.int32)
+    else:
+        tensors[base + "qweight"] = pack_along_last(q.t().contiguous(), AWQ_COLUMN_ORDER)
+        tensors[base + "qzeros"] = pack_along_last(z, AWQ_COLUMN_ORDER)
+    tensors[base + "scales"] = s
+
+
+@pytest.fixture(params=sorted(LAYOUTS))
+def checkpoint(request, tmp_path):
+    return request.param, write_checkpoint(request.param, tmp_path), tmp_path
+
+
+def write_checkpoint(layout: str, tmp_path):
+    """The layout's checkpoint in tmp_path; returns transformers' model on the dequantized weights."""
+    method, group, sym, fmt = LAYOUTS[layout]
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=320, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   rms_norm_eps=1e-6, tie_word_embeddings=False)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    _save_tokenizer(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    for name in [n for n in tensors if n.endswith(".weight") and n.split(".")[-2] in LINEARS]:
+        w = tensors.pop(name).float()
+        q, z, s = quantize(w, group, sym)
+        write(tensors, name.removesuffix("weight"), method, q, z, s, fmt, w.shape[1] if group == -1 else group)
+        hf.get_submodule(name.removesuffix(".weight")).weight.data = dequantize(q, z, s, group)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    qc = ({"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym, "desc_act": False,
+           "checkpoint_format": fmt} if method == "gptq" else
+          {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"})
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
+    return hf
+
+
+def test_int4_checkpoints_run_as_gguf_blocks_and_match_transformers(checkpoint):
+    name, hf, path = checkpoint
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=32, block_size=16)
+    layer = llm.model.layers[0]
+    w = layer.attn.o_proj.w
+    sym = LAYOUTS[name][2]
+    assert isinstance(w, QuantizedWeight) and w.qtype == (Q4_0 if sym else Q4_1) and w.shape == (256, 256), name
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    ids = torch.randint(0, VOCAB, (29,), generator=gen).tolist()
+    ours = llm.prompt_logits(ids).cpu()
+    with torch.no_grad():
+        theirs = hf(torch.tensor([ids])).logits[0].float()
+    # symmetric: the same numbers (Q4_0 is (q - 8) * s exactly); else Q4_1's offset m = -z * s is rounded to fp16
+    tol = 1e-4 if sym else 2e-3
+    torch.testing.assert_close(ours, theirs, atol=tol, rtol=tol, msg=lambda m: f"{name}: {m}")
+
+
+def test_act_order_and_other_layouts_are_refused(tmp_path):
+    path = tmp_path
+    write_checkpoint("gptq_sym_g128", path)
+    tensors = load_file(path / "model.safetensors")
+    key = next(n for n in tensors if n.endswith("o_proj.g_idx"))
+    tensors[key] = tensors[key].flip(0).contiguous()
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="act-order"):
+        LLM(str(path), num_kv_blocks=8)
+    config = json.loads((path / "config.json").read_text())
+    for qc, message in (({"quant_method": "gptq", "bits": 4, "group_size": 48}, "multiple of 32"),
+                        ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "gemv"),
+                        ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"},
+                         "marlin")):
+        (path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
+        with pytest.raises(ModelLoadError, match=message):
+            LLM(str(path), num_kv_blocks=8)
