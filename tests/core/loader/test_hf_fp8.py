@@ -82,10 +82,9 @@ def fake_quant_input(x: torch.Tensor, how) -> torch.Tensor:
     return out.reshape(x.shape)
 
 
-@pytest.fixture(params=sorted(LAYOUTS))
-def checkpoint(request, tmp_path):
-    """(layout name, transformers model emulating the W8A8 checkpoint, its directory)."""
-    weights_how, acts, qc = LAYOUTS[request.param]
+def random_llama(tmp_path):
+    """A random 2-layer Llama saved by transformers in tmp_path (K and N multiples of 32, some not of 128): the
+    model and its tensors, for a test to quantize and write back."""
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=320, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -93,8 +92,15 @@ def checkpoint(request, tmp_path):
     hf = transformers.LlamaForCausalLM(cfg).eval()
     hf.save_pretrained(tmp_path, safe_serialization=True)
     _save_tokenizer(tmp_path)
+    return hf, load_file(tmp_path / "model.safetensors")
+
+
+@pytest.fixture(params=sorted(LAYOUTS))
+def checkpoint(request, tmp_path):
+    """(layout name, transformers model emulating the W8A8 checkpoint, its directory)."""
+    weights_how, acts, qc = LAYOUTS[request.param]
+    hf, tensors = random_llama(tmp_path)
     file = tmp_path / "model.safetensors"
-    tensors = load_file(file)
     scale_name = "weight_scale_inv" if qc["quant_method"] == "fp8" else "weight_scale"
     for name in [n for n in tensors if n.endswith(".weight") and n.split(".")[-2] in LINEARS]:
         q, s = quantize(tensors[name].float(), weights_how)

@@ -15,10 +15,10 @@ from engine import LLM
 from engine.core.loader import ModelLoadError
 from engine.core.models.weights import QuantizedWeight
 from engine.core.ops.gguf_quant import Q4_0, Q4_1
-from tests.core.loader.test_hf_fp8 import LINEARS
-from tests.core.models.test_tiny_random_vs_hf import VOCAB, _save_tokenizer
+from tests.core.loader.test_hf_fp8 import LINEARS, random_llama
+from tests.core.models.test_tiny_random_vs_hf import VOCAB
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 AWQ_COLUMN_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # nibble j of an AWQ word holds column AWQ_COLUMN_ORDER[j]
 
@@ -85,14 +85,7 @@ def checkpoint(request, tmp_path):
 def write_checkpoint(layout: str, tmp_path):
     """The layout's checkpoint in tmp_path; returns transformers' model on the dequantized weights."""
     method, group, sym, fmt = LAYOUTS[layout]
-    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=320, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                   rms_norm_eps=1e-6, tie_word_embeddings=False)
-    hf = transformers.LlamaForCausalLM(cfg).eval()
-    hf.save_pretrained(tmp_path, safe_serialization=True)
-    _save_tokenizer(tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
+    hf, tensors = random_llama(tmp_path)
     for name in [n for n in tensors if n.endswith(".weight") and n.split(".")[-2] in LINEARS]:
         w = tensors.pop(name).float()
         q, z, s = quantize(w, group, sym)
