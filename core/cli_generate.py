@@ -55,13 +55,11 @@ def speculative_config(text: str) -> dict:
     return config
 
 
-def load_llm(args, **kwargs):
-    """The LLM the model options describe. A --dtype the selected platform has no kernels for is refused (every
-    op it lacks would run on its plain-torch reference); the Python API allows it and warns once per op instead."""
+def checked_platform(args):
+    """The selected platform, once it is known to have fast kernels for --dtype."""
     import torch
 
     from engine.core import plugins
-    from engine.core.engine.llm import LLM
 
     platform = plugins.activate(args.platform)
     fast = platform.supported_dtypes()
@@ -70,9 +68,24 @@ def load_llm(args, **kwargs):
         raise ValueError(f"--dtype {args.dtype}: platform {platform.name!r} has fast kernels for {names} only; "
                          f"{args.dtype} would run ops on their slow plain-torch references. Use --dtype "
                          f"{names.split(',')[0]}")
-    llm = LLM(args.model, platform=platform, dtype=args.dtype, activation_quant=args.activation_quant,
-              gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-              speculative_config=getattr(args, "speculative_config", None), **kwargs)
+    return platform
+
+
+def llm_kwargs(args) -> dict:
+    """LLM's keyword arguments for the model options (the platform aside)."""
+    return dict(model=args.model, dtype=args.dtype, activation_quant=args.activation_quant,
+                gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+                speculative_config=getattr(args, "speculative_config", None))
+
+
+def load_llm(args, **kwargs):
+    """The LLM the model options describe. A --dtype the selected platform has no kernels for is refused (every
+    op it lacks would run on its plain-torch reference); the Python API allows it and warns once per op instead."""
+
+    from engine.core.engine.llm import LLM
+
+    platform = checked_platform(args)
+    llm = LLM(platform=platform, **llm_kwargs(args), **kwargs)
     from engine.core.cli import resume_gc
 
     resume_gc()  # start-up is over (see cli.main)

@@ -22,7 +22,11 @@ def add_arguments(p) -> None:
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $ENGINE_API_KEY; unset: no key)")
     p.add_argument("--max-queue", type=int, default=1024,
                    help="requests waiting for a slot before new ones get 503 with Retry-After")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences computed together in one step")
+    p.add_argument("--max-num-seqs", type=int, default=64,
+                   help="sequences computed together in one step (per engine process)")
+    p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                   help="N engine processes behind this server, each loading the model on its own share of the "
+                        "machine (cores on a CPU, one device each on GPUs); requests go to the least busy")
     p.add_argument("--max-model-len", type=int, default=None, help="cap the context (default: the model's)")
     p.add_argument("--key-health-and-metrics", action="store_true",
                    help="require --api-key on /health and /metrics too (default: open, for load balancers and "
@@ -55,6 +59,8 @@ def run(args) -> int:
 
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.data_parallel_size < 1:
+        raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     if args.key_health_and_metrics and not args.api_key:
         raise ValueError("--key-health-and-metrics needs --api-key (or $ENGINE_API_KEY): there is no key to require")
     ssl_options = tls.uvicorn_options(args)
@@ -70,14 +76,32 @@ def run(args) -> int:
         print(f"engine serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} (is another server "
               "running there? pick another --port)", file=sys.stderr, flush=True)
         return 2
-    llm = load_llm(args, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
-    async_llm = AsyncLLM(llm, max_queue=args.max_queue)
-    name = model_name(llm, args.served_model_name)
+    if args.data_parallel_size > 1:
+        async_llm = data_parallel_engine(args)
+    else:
+        llm = load_llm(args, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+        async_llm = AsyncLLM(llm, max_queue=args.max_queue)
+    name = model_name(async_llm.llm, args.served_model_name)
     app = build_app(async_llm, name, api_key=args.api_key, key_health_and_metrics=args.key_health_and_metrics,
                     reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser)
     scheme = "https" if ssl_options else "http"
     print(f"engine serve: model {name!r} on {scheme}://{args.host}:{args.port}/v1", flush=True)
     return serve(app, async_llm, sock, args.log_level, ssl_options)
+
+
+def data_parallel_engine(args):
+    """DataParallelLLM for --data-parallel-size: the platform and dtype checked here, the model loaded by each
+    engine process."""
+    from .cli import resume_gc
+    from .cli_generate import checked_platform, llm_kwargs
+    from .engine.data_parallel import DataParallelLLM
+
+    platform = checked_platform(args)
+    engine = DataParallelLLM({**llm_kwargs(args), "platform": platform.name, "max_num_seqs": args.max_num_seqs,
+                              "max_model_len": args.max_model_len}, args.data_parallel_size, platform,
+                             max_queue=args.max_queue)
+    resume_gc()
+    return engine
 
 
 ENGINE_STOPPED = 3  # the exit status when the engine loop died under the server (a device fault)

@@ -16,6 +16,7 @@ Contract:
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 import torch
@@ -44,6 +45,10 @@ class Platform:
     # True: the engine's default is async scheduling (a step's host work overlaps the previous step's device
     # work; LLMEngine). It pays where kernels run after the host queues them; on the host it only adds work.
     async_scheduling: ClassVar[bool] = False
+    # The environment variable naming the devices a process may use (CUDA_VISIBLE_DEVICES, ...): a data-parallel
+    # server gives each engine process one device through it. None on a host platform, whose engine processes
+    # share out the cores instead.
+    device_control_env_var: ClassVar[str | None] = None
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:
@@ -116,6 +121,26 @@ class Platform:
         return out
 
     # ---- kernels ------------------------------------------------------------------------------
+    def data_parallel_slice(self, rank: int, size: int) -> tuple[dict[str, str], list[int]]:
+        """(environment, CPU cores) of engine process ``rank`` of ``size`` in a data-parallel server: a contiguous
+        share of the cores this process may use (its threads pinned there) and, on a platform with
+        ``device_control_env_var``, one device. ValueError when there is not one of each per process."""
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
+        if len(cores) < size:
+            raise ValueError(f"--data-parallel-size {size}: each engine process needs a core of its own, and "
+                             f"this process may use {len(cores)}")
+        mine = cores[rank * len(cores) // size:(rank + 1) * len(cores) // size]
+        env = {"ENGINE_NUM_THREADS": str(len(mine)), "OMP_NUM_THREADS": str(len(mine))}
+        var = self.device_control_env_var
+        if var:
+            visible = [x for x in os.environ.get(var, "").split(",") if x.strip()] or [
+                str(i) for i in range(self.device_count())]
+            if len(visible) < size:
+                raise ValueError(f"--data-parallel-size {size} gives each engine process one {self.name} device; "
+                                 f"{len(visible)} visible ({var}={','.join(visible) or 'unset'})")
+            env[var] = visible[rank]
+        return env, mine
+
     def register_kernels(self, registry) -> None:
         """Register this platform's op implementations. The default registers none."""
 

@@ -80,6 +80,11 @@ class AsyncLLM:
         return len(self.engine.scheduler.running)
 
     @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of the KV-cache blocks in use (0..1)."""
+        return self.engine.scheduler.block_manager.usage
+
+    @property
     def error(self) -> BaseException | None:
         """What stopped the engine loop (None while it runs, or after a plain shutdown)."""
         return self._error

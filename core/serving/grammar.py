@@ -46,9 +46,17 @@ class GrammarCompiler:
     def processor(self, schema: dict | bool | None) -> GrammarLogitsProcessor:
         """A fresh processor constraining output to JSON matching ``schema`` (None: any JSON object)."""
         text = json.dumps(schema, sort_keys=True) if schema is not None else None
+        return self.processor_for(text)
+
+    def processor_for(self, schema_text: str | None) -> GrammarLogitsProcessor:
         with self._lock:
-            compiled = self._compile(text)
-        return GrammarLogitsProcessor(self._xgr, compiled, self.vocab_size)
+            compiled = self._compile(schema_text)
+        return GrammarLogitsProcessor(self._xgr, compiled, self.vocab_size, schema_text)
+
+    def serve_unpickled(self) -> None:
+        """Rebuild processors unpickled in this process with this compiler (an engine process of a data-parallel
+        server receives requests' processors pickled: they travel as their schema and compile here)."""
+        _PROCESS_COMPILER[0] = self
 
     def _compile_uncached(self, schema_text: str | None):
         try:
@@ -61,20 +69,38 @@ class GrammarCompiler:
             raise GrammarError(f"invalid or unsupported JSON schema: {msg.split(': ', 1)[-1]}") from exc
 
 
+_PROCESS_COMPILER: list[GrammarCompiler | None] = [None]
+
+
+def _unpickle_processor(schema_text: str | None) -> GrammarLogitsProcessor:
+    compiler = _PROCESS_COMPILER[0]
+    if compiler is None:
+        raise RuntimeError("a grammar processor was unpickled in a process without a GrammarCompiler; call "
+                           "GrammarCompiler.serve_unpickled() there first")
+    return compiler.processor_for(schema_text)
+
+
 class GrammarLogitsProcessor:
     """``(generated_ids, logits_row) -> logits_row`` with every token the grammar forbids next set to -inf.
 
     Stateful (a matcher fed the generated tokens); ``clone()`` gives an independent one for another completion."""
 
-    def __init__(self, xgr, compiled, vocab_size: int):
+    def __init__(self, xgr, compiled, vocab_size: int, schema_text: str | None = None):
         self._xgr, self._compiled, self.vocab_size = xgr, compiled, vocab_size
+        self._schema_text = schema_text
         self._matcher = xgr.GrammarMatcher(compiled)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._num_accepted = 0
         self._stop_ids = list(compiled.tokenizer_info.stop_token_ids)
 
     def clone(self) -> GrammarLogitsProcessor:
-        return GrammarLogitsProcessor(self._xgr, self._compiled, self.vocab_size)
+        return GrammarLogitsProcessor(self._xgr, self._compiled, self.vocab_size, self._schema_text)
+
+    def __reduce__(self):
+        if self._num_accepted:
+            raise TypeError("a grammar processor that has accepted tokens cannot be pickled (its matcher state "
+                            "does not travel); pickle a fresh clone()")
+        return _unpickle_processor, (self._schema_text,)
 
     def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
         for token in generated[self._num_accepted:]:

@@ -48,7 +48,7 @@ class ServerMetrics:
             ("engine_num_requests_running", "Sequences being computed", lambda: self._llm.num_running),
             ("engine_num_requests_waiting", "Sequences waiting for a slot", lambda: self._llm.num_waiting),
             ("engine_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1)",
-             lambda: self._llm.engine.scheduler.block_manager.usage),
+             lambda: self._llm.kv_cache_usage),
             ("engine_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens",
              self._hit_rate),
             ("engine_generation_tokens_per_second", f"Generated tokens per second over the last {_RATE_WINDOW_S:g} s",

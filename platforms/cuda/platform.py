@@ -15,6 +15,7 @@ class CudaPlatform(TorchAcceleratorPlatform):
     priority = 100
     description = "NVIDIA GPUs: Triton kernels, FP8 via torch._scaled_mm, NCCL"
     dist_backend = "nccl"
+    device_control_env_var = "CUDA_VISIBLE_DEVICES"
     async_scheduling = True  # graph replays and kernels run queued: the next step's host work hides behind them
 
     @classmethod

@@ -15,6 +15,7 @@ class RocmPlatform(TorchAcceleratorPlatform):
     priority = 100
     description = "AMD GPUs: AITER when installed, portable Triton otherwise; RCCL"
     dist_backend = "nccl"
+    device_control_env_var = "HIP_VISIBLE_DEVICES"
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:

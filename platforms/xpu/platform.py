@@ -15,6 +15,7 @@ class XpuPlatform(TorchAcceleratorPlatform):
     priority = 90
     description = "Intel GPUs: Triton kernels, oneDNN FP8 GEMM when installed; XCCL"
     dist_backend = "xccl"
+    device_control_env_var = "ZE_AFFINITY_MASK"
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:

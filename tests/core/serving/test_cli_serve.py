@@ -141,3 +141,21 @@ def test_the_server_exits_non_zero_when_the_engine_loop_dies(capsys):
     thread.join(30)
     assert not thread.is_alive() and status == [ENGINE_STOPPED]
     assert "the engine loop stopped" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("default_model")
+def test_data_parallel_serve_answers_and_stops():
+    port, proc = _serve("--data-parallel-size", "2", "--max-model-len", "256", "--served-model-name", "tiny",
+                        "--log-level", "warning")
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        answers = [client.chat.completions.create(model="tiny", messages=question, temperature=0, max_tokens=16)
+                   for _ in range(3)]
+        assert all("Paris" in r.choices[0].message.content for r in answers)
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert 'engine_requests_total{finish_reason="stop",model_name="tiny"} 3.0' in metrics, metrics
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err
