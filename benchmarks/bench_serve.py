@@ -288,6 +288,7 @@ def main() -> None:
     ap.add_argument("--single-requests", type=int, default=8, help="requests sent one after another at 1 client")
     ap.add_argument("--reps", type=int, default=3, help="32-client runs of the engine, each paired with an offline one")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--serve-args", default="", help="more `engine serve` options, e.g. '--loop asyncio --http h11'")
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--llamacpp-pythonpath", default=None,
@@ -302,7 +303,7 @@ def main() -> None:
     env = {**os.environ, "ENGINE_NUM_THREADS": str(args.threads), "OMP_NUM_THREADS": str(args.threads)}
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
               "cpu": _cpu_name(), "threads": args.threads, "model": os.path.basename(model),
-              "max_tokens": args.max_tokens, "load_average_start": os.getloadavg()}
+              "max_tokens": args.max_tokens, "serve_args": args.serve_args, "load_average_start": os.getloadavg()}
     os.environ["ENGINE_NUM_THREADS"] = str(args.threads)  # as the servers get it
     llm = LLM(model, max_num_seqs=64)
     eos = sorted(set(llm.tokenizer.eos_token_ids) | set(llm.config.eos_token_ids))
@@ -319,7 +320,8 @@ def main() -> None:
         port = _free_port()
         eng = result["engine"] = _run_server(
             [sys.executable, "-m", "engine.core.cli", "serve", "--model", model, "--port", str(port), "--log-level",
-             "warning"], port, args.max_tokens, {"ignore_eos": True, "logit_bias": bias}, fresh, args.reps, env,
+             "warning", *args.serve_args.split()], port, args.max_tokens, {"ignore_eos": True, "logit_bias": bias},
+            fresh, args.reps, env,
             offline=(llm, params))
         pairs = [1 - e / o["output_tok_per_s"] for e, o in zip(eng["32"]["output_tok_per_s_runs"], eng["offline_32"],
                                                               strict=True)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -36,6 +37,10 @@ def add_arguments(p) -> None:
     p.add_argument("--tool-call-parser", metavar="NAME",
                    help="read the tool calls the model writes (tool_choice auto): hermes (Qwen 2.5/3, Hermes), "
                         "llama3_json, mistral (or a plugin's name)")
+    p.add_argument("--loop", default="auto", choices=("auto", "asyncio", "uvloop"),
+                   help="uvicorn's event loop (auto: uvloop where installed, as with uvicorn[standard])")
+    p.add_argument("--http", default="auto", choices=("auto", "h11", "httptools"),
+                   help="uvicorn's HTTP/1.1 parser (auto: httptools where installed)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     tls.add_arguments(p)
 
@@ -64,6 +69,10 @@ def run(args) -> int:
     if args.key_health_and_metrics and not args.api_key:
         raise ValueError("--key-health-and-metrics needs --api-key (or $ENGINE_API_KEY): there is no key to require")
     ssl_options = tls.uvicorn_options(args)
+    for flag, module in (("--loop", args.loop), ("--http", args.http)):
+        if module in ("uvloop", "httptools") and importlib.util.find_spec(module) is None:
+            raise ValueError(f"{flag} {module}: {module} is not installed; pip install {module} (or "
+                             f"'uvicorn[standard]'), or leave {flag} at auto")
     from .serving import parsers
 
     for find, name in ((parsers.reasoning_parser, args.reasoning_parser), (parsers.tool_parser, args.tool_call_parser)):
@@ -86,7 +95,7 @@ def run(args) -> int:
                     reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser)
     scheme = "https" if ssl_options else "http"
     print(f"engine serve: model {name!r} on {scheme}://{args.host}:{args.port}/v1", flush=True)
-    return serve(app, async_llm, sock, args.log_level, ssl_options)
+    return serve(app, async_llm, sock, args.log_level, {**ssl_options, "loop": args.loop, "http": args.http})
 
 
 def data_parallel_engine(args):
@@ -107,13 +116,14 @@ def data_parallel_engine(args):
 ENGINE_STOPPED = 3  # the exit status when the engine loop died under the server (a device fault)
 
 
-def serve(app, async_llm, sock: socket.socket, log_level: str = "info", ssl_options: dict | None = None) -> int:
+def serve(app, async_llm, sock: socket.socket, log_level: str = "info", options: dict | None = None) -> int:
     """Serve ``app`` on the listening ``sock`` until a signal (exit 0, streams ended cleanly) or until the engine loop
     stops under it (a device fault: /health answers 503 meanwhile, then exit ENGINE_STOPPED, so that a supervisor
-    restarts the process instead of it answering 503 forever)."""
+    restarts the process instead of it answering 503 forever). ``options``: more uvicorn.Config keywords (TLS, the
+    event loop, the HTTP parser)."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, **(ssl_options or {}))
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, **(options or {}))
     stopped: list[str] = []
 
     class Server(uvicorn.Server):
