@@ -1,4 +1,5 @@
-"""GPTQ and AWQ 4-bit checkpoints, repacked at load into the GGUF blocks the platforms already run (Q4_0, Q4_1).
+"""GPTQ, AWQ and compressed-tensors W4A16 4-bit checkpoints, repacked at load into the GGUF blocks the platforms
+already run (Q4_0, Q4_1).
 
 A 4-bit group-quantized weight is ``W[n, k] = (q[n, k] - z[g, n]) * s[g, n]`` with ``g = k // group_size``. A GGUF
 block holds 32 consecutive k of one row with one scale (Q4_0: ``(q - 8) * d``; Q4_1: ``q * d + m``), so any group
@@ -13,6 +14,9 @@ Layouts, as the quantizers write them:
   [G, N], ``g_idx`` int32 [K] (must be k // group_size: act-order checkpoints with a permuted g_idx are refused).
 - AWQ (AutoAWQ "gemm"): ``qweight`` int32 [K, N/8] and ``qzeros`` int32 [G, N/8], 8 nibbles along n in the order
   0, 2, 4, 6, 1, 3, 5, 7; ``scales`` fp16 [G, N].
+- compressed-tensors ``pack-quantized`` (llm-compressor's W4A16): ``weight_packed`` int32 [N, K/8] (8 nibbles along
+  k, each signed value stored + 8), ``weight_scale`` [N, G], symmetric. Read as the compressed-tensors package
+  documents its packing; not yet checked against a published checkpoint here.
 """
 
 from __future__ import annotations
@@ -39,9 +43,11 @@ class Int4Scheme:
         self.description = description
 
     def keeps(self, name: str, t: torch.Tensor) -> bool:
-        return name.endswith(".scales")  # fp16 scales stay as written: GGUF blocks store fp16 scales too
+        return name.endswith((".scales", ".weight_scale"))  # stay as written: GGUF blocks store fp16 scales too
 
     def pack(self, weights: dict[str, torch.Tensor], source: str) -> dict:
+        if self.method == "compressed-tensors":
+            return self._pack_ct(weights, source)
         out = dict(weights)
         for base in sorted(n.removesuffix("qweight") for n in weights if n.endswith(".qweight")):
             parts = {p: out.pop(base + p, None) for p in ("qweight", "qzeros", "scales", "g_idx")}
@@ -51,8 +57,24 @@ class Int4Scheme:
             out[base + "weight"] = self._repack(base, source, **parts)
         return out
 
-    def _repack(self, base, source, qweight, qzeros, scales, g_idx) -> QuantizedWeight:
-        if self.method == "gptq":
+    def _pack_ct(self, weights: dict[str, torch.Tensor], source: str) -> dict:
+        """compressed-tensors pack-quantized: ``weight_packed`` int32 [N, K/8] (8 nibbles along k, low bits first,
+        each value stored + 8), ``weight_scale`` [N, G]: symmetric, W = (q - 8) * s."""
+        out = dict(weights)
+        for base in sorted(n.removesuffix("weight_packed") for n in weights if n.endswith(".weight_packed")):
+            packed, scale = out.pop(base + "weight_packed"), out.pop(base + "weight_scale", None)
+            out.pop(base + "weight_shape", None)
+            if scale is None:
+                raise ModelLoadError(f"{source}: {base}weight_packed has no weight_scale beside it")
+            q = nibbles(packed)
+            out[base + "weight"] = self._repack(base, source, q=q, z=torch.full((scale.shape[1], q.shape[0]), 8),
+                                                scales=scale.t(), g_idx=None)
+        return out
+
+    def _repack(self, base, source, qweight=None, qzeros=None, scales=None, g_idx=None, q=None, z=None):
+        if q is not None:  # already unpacked
+            pass
+        elif self.method == "gptq":
             q = nibbles(qweight.t()).contiguous()  # [N, K]
             z = nibbles(qzeros)  # [G, N]
         else:
@@ -61,6 +83,10 @@ class Int4Scheme:
             z = nibbles(qzeros).reshape(qzeros.shape[0], -1, 8)[..., perm].reshape(qzeros.shape[0], -1)
         n, k = q.shape
         group = k if self.group_size == -1 else self.group_size
+        if scales.dtype == torch.bfloat16 and not bool(((scales.float().abs() < 65504) &
+                                                        (scales.float().abs() >= 2**-14)).all()):
+            raise ModelLoadError(f"{source}: {base} has bf16 scales outside fp16's normal range; GGUF blocks hold "
+                                 "fp16 scales")
         if tuple(scales.shape) != (-(-k // group), n) or tuple(z.shape) != tuple(scales.shape):
             raise ModelLoadError(f"{source}: {base}scales {list(scales.shape)} / qzeros do not fit a [{n}, {k}] "
                                  f"weight in groups of {group}")
@@ -105,3 +131,28 @@ def int4_scheme(qc: dict, source: str) -> Int4Scheme:
     if qc.get("zero_point") is False:
         raise ModelLoadError(f"{source}: AWQ without zero points is not supported")
     return Int4Scheme("awq", group, 0, f"AWQ 4-bit, groups of {group}")
+
+
+def compressed_tensors_int4_scheme(groups: list[dict], source: str) -> Int4Scheme:
+    """compressed-tensors ``pack-quantized`` W4A16: 4-bit symmetric integer weights per group or per channel, no
+    activation quantization."""
+    sizes = set()
+    for g in groups:
+        w, a = g.get("weights") or {}, g.get("input_activations")
+        if (w.get("num_bits"), w.get("type")) != (4, "int") or a:
+            raise ModelLoadError(f"{source}: compressed-tensors pack-quantized group {g.get('targets')} is not W4A16 "
+                                 f"INT4 ({w.get('num_bits')}-bit {w.get('type')} weights, activations {a}); only "
+                                 "W4A16 is read")
+        if not w.get("symmetric", True):
+            raise ModelLoadError(f"{source}: asymmetric compressed-tensors INT4 (zero points) is not supported yet")
+        if w.get("strategy") == "channel":
+            sizes.add(-1)
+        elif w.get("strategy") == "group" and isinstance(w.get("group_size"), int) and w["group_size"] % BLOCK == 0:
+            sizes.add(w["group_size"])
+        else:
+            raise ModelLoadError(f"{source}: compressed-tensors INT4 strategy {w.get('strategy')!r} group_size "
+                                 f"{w.get('group_size')!r}: groups of a multiple of {BLOCK}, or channel, are read")
+    if len(sizes) != 1:
+        raise ModelLoadError(f"{source}: compressed-tensors groups use different group sizes {sorted(sizes)}")
+    size = sizes.pop()
+    return Int4Scheme("compressed-tensors", size, 0, f"compressed-tensors W4A16, groups of {size}")

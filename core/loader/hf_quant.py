@@ -24,7 +24,8 @@ from engine.core.models.weights import Fp8Weight
 
 from .errors import ModelLoadError
 
-SUPPORTED = "fp8 (128x128 blocks), fbgemm_fp8, compressed-tensors float-quantized W8A8, gptq and awq 4-bit"
+SUPPORTED = ("fp8 (128x128 blocks), fbgemm_fp8, compressed-tensors float-quantized W8A8 and pack-quantized W4A16, "
+             "gptq and awq 4-bit")
 _SCALE_SUFFIXES = ("weight_scale", "weight_scale_inv", "input_scale", "input_scale_ub", "k_scale", "v_scale")
 
 
@@ -109,9 +110,13 @@ def quant_scheme(qc: dict, source: str):
 def _compressed_tensors(qc: dict, source: str) -> Fp8Scheme:
     fmt = qc.get("format")
     groups = list((qc.get("config_groups") or {}).values())
+    if fmt == "pack-quantized" and groups:
+        from .hf_int4 import compressed_tensors_int4_scheme
+
+        return compressed_tensors_int4_scheme(groups, source)
     if fmt not in ("float-quantized", "naive-quantized") or not groups:
         raise ModelLoadError(f"{source}: compressed-tensors format {fmt!r} is not supported yet (float-quantized "
-                             "W8A8 FP8 is)")
+                             "W8A8 FP8 and pack-quantized W4A16 are)")
     schemes = []
     for g in groups:
         w, a = g.get("weights") or {}, g.get("input_activations")

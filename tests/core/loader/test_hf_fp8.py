@@ -152,8 +152,10 @@ def test_what_is_not_supported_is_named(tmp_path, checkpoint):
     for qc, message in (({"quant_method": "bitsandbytes"}, "quant_method .bitsandbytes. are not supported yet"),
                         ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "3-bit weights is not supported"),
                         ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "128x128 weight blocks"),
+                        (_ct("channel", {"strategy": "token", "dynamic": True}) | {"format": "marlin-24"},
+                         "'marlin-24' is not supported yet"),
                         (_ct("channel", {"strategy": "token", "dynamic": True}) | {"format": "pack-quantized"},
-                         "'pack-quantized' is not supported yet")):
+                         "only W4A16 is read")):
         (path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
         with pytest.raises(ModelLoadError, match=message):
             LLM(str(path), num_kv_blocks=8)

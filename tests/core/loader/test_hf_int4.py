@@ -62,10 +62,17 @@ def dequantize(q, z, s, group):
 # name: (method, group size, symmetric, checkpoint_format)
 LAYOUTS = {"gptq_sym_g128": ("gptq", 128, True, "gptq"), "gptq_asym_g32": ("gptq", 32, False, "gptq"),
            "gptq_v2_asym_g64": ("gptq", 64, False, "gptq_v2"), "gptq_sym_channel": ("gptq", -1, True, "gptq"),
-           "awq_g128": ("awq", 128, False, None), "awq_g32": ("awq", 32, False, None)}
+           "awq_g128": ("awq", 128, False, None), "awq_g32": ("awq", 32, False, None),
+           "ct_w4a16_g128": ("compressed-tensors", 128, True, None), "ct_w4a16_channel": ("compressed-tensors", -1,
+                                                                                         True, None)}
 
 
 def write(tensors, base, method, q, z, s, fmt, g_idx_group):
+    if method == "compressed-tensors":  # [N, K/8] along k; the signed value q - 8 stored + 8, i.e. q itself
+        tensors[base + "weight_packed"] = pack_along_last(q)
+        tensors[base + "weight_scale"] = s.t().contiguous().to(torch.bfloat16)
+        tensors[base + "weight_shape"] = torch.tensor(list(q.shape))
+        return
     if method == "gptq":
         n = q.shape[0]  # [K/8, N]: word [i, n] holds k = 8i..8i+7 of row n
         tensors[base + "qweight"] = pack_along_last(q.t().reshape(-1, 8, n).transpose(1, 2).reshape(-1, n * 8))
@@ -89,12 +96,20 @@ def write_checkpoint(layout: str, tmp_path):
     for name in [n for n in tensors if n.endswith(".weight") and n.split(".")[-2] in LINEARS]:
         w = tensors.pop(name).float()
         q, z, s = quantize(w, group, sym)
+        if method == "compressed-tensors":  # its scales are written in bf16
+            s = s.to(torch.bfloat16).to(torch.float16)
         write(tensors, name.removesuffix("weight"), method, q, z, s, fmt, w.shape[1] if group == -1 else group)
         hf.get_submodule(name.removesuffix(".weight")).weight.data = dequantize(q, z, s, group)
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    qc = ({"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym, "desc_act": False,
-           "checkpoint_format": fmt} if method == "gptq" else
-          {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"})
+    qc = {"gptq": {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym, "desc_act": False,
+                   "checkpoint_format": fmt},
+          "awq": {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"},
+          "compressed-tensors": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                 "ignore": ["lm_head"], "config_groups": {"group_0": {
+                                     "targets": ["Linear"], "input_activations": None, "weights": {
+                                         "num_bits": 4, "type": "int", "symmetric": True,
+                                         "strategy": "channel" if group == -1 else "group",
+                                         "group_size": None if group == -1 else group}}}}}[method]
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
     return hf
