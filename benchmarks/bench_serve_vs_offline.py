@@ -1,0 +1,139 @@
+"""Served vs offline throughput: ``engine serve`` under a load generator at 1, 32 and 64 concurrent streams against
+``LLM.generate`` of the same shapes (prompt and output token counts, concurrency) in this process, per server
+configuration (``--loop`` / ``--http`` variants, ``--data-parallel-size``), each level's offline run right before
+its served one so both see the same host.
+
+The load generator is guidellm (vLLM's project; ``pip install guidellm`` in its own venv and pass ``--guidellm
+PATH``, or have it on PATH) with synthetic prompts of ``--prompt-tokens`` tokens and ``--output-tokens`` outputs;
+the model's tokenizer is exported for it. Without guidellm, bench_serve.py's asyncio client sends token-id prompts
+of the same shapes (what CI runs, tiny).
+
+    python benchmarks/bench_serve_vs_offline.py --guidellm /tmp/gl/bin/guidellm \
+        --configs "--loop asyncio --http h11" "--loop uvloop --http httptools"
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_serve import _cpu_name, _free_port, _level, _wait_ready  # noqa: E402
+
+
+def offline(llm_kwargs: dict, prompts: list[list[int]], output_tokens: int, clients: int) -> float:
+    """Output tokens per second of LLM.generate on ``prompts`` with ``clients`` sequences at a time."""
+    from engine.core.engine.llm import LLM
+    from engine.core.engine.sampling_params import SamplingParams
+
+    llm = LLM(**llm_kwargs, max_num_seqs=clients)
+    params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
+    llm.generate(prompts[:clients], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm-up
+    t0 = time.perf_counter()
+    llm.generate(prompts, params)
+    return len(prompts) * output_tokens / (time.perf_counter() - t0)
+
+
+def token_prompts(vocab: int, n: int, length: int, rng: random.Random) -> list[list[int]]:
+    return [[rng.randrange(1000, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def guidellm_level(exe: str, port: int, tokenizer_dir: str, clients: int, requests: int, prompt_tokens: int,
+                   output_tokens: int) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.json")
+        subprocess.run([exe, "run", "--backend", f"kind=openai_http,target=http://127.0.0.1:{port},"
+                        "request_format=/v1/completions", "--profile", f"kind=concurrent,streams={clients}",
+                        "--constraint", f"kind=max_requests,count={requests}", "--data",
+                        f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={output_tokens}",
+                        "--tokenizer", f"kind=huggingface_auto,model={tokenizer_dir}", "--output",
+                        f"kind=json,path={out}", "--disable-console"], check=True, capture_output=True, timeout=3600)
+        with open(out) as f:
+            m = json.load(f)["benchmarks"][0]["metrics"]
+    return {"output_tok_per_s": m["output_tokens_per_second"]["successful"]["mean"],
+            "ttft_p50_ms": m["time_to_first_token_ms"]["successful"]["median"],
+            "itl_p50_ms": m["inter_token_latency_ms"]["successful"]["median"],
+            "requests": m["request_totals"]["successful"]}
+
+
+def builtin_level(port: int, name: str, prompts: list[list[int]], clients: int, output_tokens: int) -> dict:
+    r = asyncio.run(_level(port, name, prompts, output_tokens, clients, {"ignore_eos": True}))
+    return {"output_tok_per_s": r["output_tok_per_s"], "ttft_p50_ms": r["ttft_p50_ms"], "itl_p50_ms": r["itl_p50_ms"],
+            "requests": len(prompts)}
+
+
+def export_tokenizer(model: str | None) -> str:
+    """The model's tokenizer as an HF tokenizer directory (guidellm counts tokens with transformers)."""
+    from engine.core.loader.checkpoint import load_checkpoint
+
+    tok = load_checkpoint(model).tokenizer
+    d = tempfile.mkdtemp(prefix="engine-tok-")
+    tok.raw.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20}, f)
+    return d
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", nargs="+", default=[""], help="`engine serve` option strings, one server each")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 32, 64])
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=0, help="per level (default: 2 per client, at least 8)")
+    ap.add_argument("--guidellm", default=shutil.which("guidellm"), help="the guidellm executable")
+    ap.add_argument("--model")
+    args = ap.parse_args(argv)
+    from engine.core.loader.checkpoint import load_checkpoint
+
+    vocab = load_checkpoint(args.model).config.vocab_size
+    tok_dir = export_tokenizer(args.model) if args.guidellm else None
+    rng = random.Random(0)
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"), "cpu": _cpu_name(),
+              "cores": len(os.sched_getaffinity(0)), "load_generator": "guidellm" if args.guidellm else "builtin",
+              "prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
+              "load_average_start": os.getloadavg()}
+    llm_kwargs = {"model": args.model, "kv_cache_bytes": 1 << 30}
+    for config in args.configs:
+        port = _free_port()
+        log = tempfile.TemporaryFile()
+        proc = subprocess.Popen([sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port), "--log-level",
+                                 "warning", *(["--model", args.model] if args.model else []), *config.split()],
+                                stdout=log, stderr=log)
+        try:
+            name = _wait_ready(f"http://127.0.0.1:{port}", proc)
+            levels = {}
+            for clients in args.clients:
+                n = args.requests or max(8, 2 * clients)
+                prompts = token_prompts(vocab, n, args.prompt_tokens, rng)
+                base = offline(llm_kwargs, prompts, args.output_tokens, clients)
+                served = (guidellm_level(args.guidellm, port, tok_dir, clients, n, args.prompt_tokens,
+                                         args.output_tokens) if args.guidellm else
+                          builtin_level(port, name, prompts, clients, args.output_tokens))
+                levels[str(clients)] = {"offline_tok_per_s": base, **served,
+                                        "served_vs_offline": served["output_tok_per_s"] / base}
+                print(config or "(defaults)", clients, json.dumps(levels[str(clients)]), file=sys.stderr, flush=True)
+            result[config or "(defaults)"] = levels
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+    result["load_average_end"] = os.getloadavg()
+    print(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
