@@ -110,6 +110,8 @@ class GrammarLogitsProcessor:
                 log.error("grammar rejected token %d; ending this completion", token)
                 return _only(logits, self._stop_ids)
         self._num_accepted = len(generated)
+        if self._matcher.is_terminated():  # the grammar ended with a stop token the engine went past (ignore_eos)
+            return _only(logits, self._stop_ids)
         self._matcher.fill_next_token_bitmask(self._bitmask)
         allowed = _unpack(self._bitmask[0].to(logits.device), logits.shape[-1])
         return logits.masked_fill(~allowed, float("-inf"))

@@ -89,6 +89,10 @@ class Handler:
                                   param="max_tokens", code="context_length_exceeded")
         forced = tool_choice.forced_schema(req) if parsing is not None and parsing.forced else None
         grammar = await asyncio.to_thread(self._grammar_processor, req.response_format, forced)  # compiling: CPU
+        if grammar is not None and req.ignore_eos:
+            raise OpenAIError(400, "ignore_eos cannot be combined with response_format or a required/named "
+                                   "tool_choice: the grammar ends the output with the end-of-sequence token",
+                              param="ignore_eos")
         bias = None
         if req.logit_bias:
             try:

@@ -158,6 +158,8 @@ def test_what_cannot_be_served_is_a_400(urls):
         "128": (urls["hermes"], {"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}),
         "both constrain": (urls["plain"], {"tools": TOOLS, "tool_choice": "required",
                                            "response_format": {"type": "json_object"}}),
+        "ignore_eos cannot be combined": (urls["plain"], {"ignore_eos": True,
+                                                          "response_format": {"type": "json_object"}}),
     }
     for message, (url, extra) in bad.items():
         r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": ask, **extra}, timeout=30)
