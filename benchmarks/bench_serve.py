@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import gc
 import json
@@ -207,14 +208,33 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> str:
     raise RuntimeError("the server did not become ready")
 
 
+@contextlib.contextmanager
+def running_server(cmd: list[str], env=None):
+    """The server process of ``cmd`` while the block runs (its log's tail printed if the block raises
+    RuntimeError); terminated after."""
+    log = tempfile.TemporaryFile()  # not a pipe: a server that logs a lot would block on a full one
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+    try:
+        yield proc
+    except RuntimeError:
+        log.seek(0)
+        print(log.read().decode(errors="replace")[-3000:], file=sys.stderr)
+        raise
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
 def _run_server(cmd: list[str], port: int, max_tokens: int, extra: dict, fresh: list[str], reps: int, env,
                 offline=None) -> dict:
     """Start the server, warm it up, run the levels; with ``offline`` (an in-process LLM and its params), measure
     the same work offline right before each served level, so that both see the same host."""
     url = f"http://127.0.0.1:{port}"
-    log = tempfile.TemporaryFile()  # not a pipe: a server that logs a lot would block on a full one
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
-    try:
+    with running_server(cmd, env) as proc:
         model = _wait_ready(url, proc)
         asyncio.run(_level(port, model, WARMUP[:2] + [REPEATED], 4, 1, extra))  # warm-up; the repeated one seen
         out = {"load_average_before": os.getloadavg()}
@@ -235,17 +255,6 @@ def _run_server(cmd: list[str], port: int, max_tokens: int, extra: dict, fresh: 
                      "cpu_s_runs": [x["cpu_s_server_and_client"] for x in runs]}
         out["load_average_after"] = os.getloadavg()
         return out
-    except RuntimeError:
-        log.seek(0)
-        print(log.read().decode(errors="replace")[-3000:], file=sys.stderr)
-        raise
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def _cpu_s(pid: int) -> float:

@@ -16,12 +16,10 @@ import asyncio
 import datetime
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_serve import PROMPTS_ALL, _cpu_name, _free_port, _level, _wait_ready  # noqa: E402
+from bench_serve import PROMPTS_ALL, _cpu_name, _free_port, _level, _wait_ready, running_server  # noqa: E402
 
 
 def measure(size: int, levels: list[int], max_tokens: int, requests: int, model: str | None) -> dict:
@@ -29,9 +27,7 @@ def measure(size: int, levels: list[int], max_tokens: int, requests: int, model:
     port = _free_port()
     cmd = [sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port), "--log-level", "warning",
            "--data-parallel-size", str(size)] + (["--model", model] if model else [])
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log)
-    try:
+    with running_server(cmd) as proc:
         name = _wait_ready(f"http://127.0.0.1:{port}", proc)
         asyncio.run(_level(port, name, PROMPTS_ALL[:max(levels)], 4, max(levels), {"ignore_eos": True}))  # warm-up
         out = {}
@@ -40,17 +36,6 @@ def measure(size: int, levels: list[int], max_tokens: int, requests: int, model:
             prompts = [f"{PROMPTS_ALL[(i * 61 + j) % len(PROMPTS_ALL)]} ({i}.{j})" for j in range(n)]
             out[str(clients)] = asyncio.run(_level(port, name, prompts, max_tokens, clients, {"ignore_eos": True}))
         return out
-    except RuntimeError:
-        log.seek(0)
-        print(log.read().decode(errors="replace")[-3000:], file=sys.stderr)
-        raise
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def main(argv: list[str] | None = None) -> dict:

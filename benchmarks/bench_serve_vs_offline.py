@@ -27,7 +27,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_serve import _cpu_name, _free_port, _level, _wait_ready  # noqa: E402
+from bench_serve import _cpu_name, _free_port, _level, _wait_ready, running_server  # noqa: E402
 
 
 def offline(llm_kwargs: dict, prompts: list[list[int]], output_tokens: int, clients: int) -> float:
@@ -105,11 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     llm_kwargs = {"model": args.model, "kv_cache_bytes": 1 << 30}
     for config in args.configs:
         port = _free_port()
-        log = tempfile.TemporaryFile()
-        proc = subprocess.Popen([sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port), "--log-level",
-                                 "warning", *(["--model", args.model] if args.model else []), *config.split()],
-                                stdout=log, stderr=log)
-        try:
+        with running_server([sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port), "--log-level",
+                             "warning", *(["--model", args.model] if args.model else []), *config.split()]) as proc:
             name = _wait_ready(f"http://127.0.0.1:{port}", proc)
             levels = {}
             for clients in args.clients:
@@ -123,13 +120,6 @@ def main(argv: list[str] | None = None) -> dict:
                                         "served_vs_offline": served["output_tok_per_s"] / base}
                 print(config or "(defaults)", clients, json.dumps(levels[str(clients)]), file=sys.stderr, flush=True)
             result[config or "(defaults)"] = levels
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
     result["load_average_end"] = os.getloadavg()
     print(json.dumps(result, indent=1))
     return result

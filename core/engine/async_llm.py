@@ -145,22 +145,13 @@ class AsyncLLM:
         self._wake.set()
         self._thread.join(timeout)
 
-    async def _iterate(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[StepUpdate]:
-        finished = False
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                yield item
-                if item.request_finished:
-                    finished = True
-                    return
-        finally:
+    def _iterate(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[StepUpdate]:
+        def end(finished: bool) -> None:
             self._streams.pop(request_id, None)
             if not finished:
                 self._submit(("abort", request_id))
+
+        return stream_updates(queue, end)
 
     def _submit(self, command: tuple) -> None:
         self._commands.append(command)
@@ -251,6 +242,24 @@ class AsyncLLM:
             target[0].call_soon_threadsafe(target[1].put_nowait, exc)
         except RuntimeError:
             pass  # the loop is closed: nobody is left to tell
+
+
+async def stream_updates(queue: asyncio.Queue, end) -> AsyncIterator[StepUpdate]:
+    """A request's updates from ``queue`` until its last one (an exception put there is raised to the consumer);
+    ``end(finished)`` runs however the iteration stops (finished False: the consumer left early)."""
+    finished = False
+    try:
+        while True:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                finished = True
+                raise item
+            yield item
+            if item.request_finished:
+                finished = True
+                return
+    finally:
+        end(finished)
 
 
 def is_device_fault(exc: BaseException) -> bool:

@@ -24,7 +24,15 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from .async_llm import EngineDeadError, QueueFullError, RequestFailedError, _put_all, _settle, is_device_fault
+from .async_llm import (
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+    _put_all,
+    _settle,
+    is_device_fault,
+    stream_updates,
+)
 from .outputs import StepUpdate
 
 log = logging.getLogger("engine")
@@ -284,22 +292,13 @@ class DataParallelLLM:
                 w.process.terminate()
         self._fail(list(self._streams), EngineDeadError("the engine was shut down"))
 
-    async def _iterate(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[StepUpdate]:
-        finished = False
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                yield item
-                if item.request_finished:
-                    finished = True
-                    return
-        finally:
+    def _iterate(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[StepUpdate]:
+        def end(finished: bool) -> None:
             if not finished:
                 self.abort(request_id)
             self._forget(request_id)
+
+        return stream_updates(queue, end)
 
     def _forget(self, request_id: str) -> None:
         target = self._streams.pop(request_id, None)
