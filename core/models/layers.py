@@ -21,7 +21,7 @@ class Linear:
     kernel (the dense ``linear`` op's or a quantized one's) is looked up once per step shape instead of dispatched
     on every call. A platform with no dense kernel runs the op's reference, torch's F.linear."""
 
-    __slots__ = ("w", "bias", "site", "raw", "qtype", "cols", "quantized", "fp8", "quant")
+    __slots__ = ("w", "bias", "site", "raw", "qtype", "cols", "quantized", "fp8", "quant", "fp8_name")
 
     def __init__(self, w: Weight, bias: torch.Tensor | None = None):
         self.w, self.bias = w, bias
@@ -33,6 +33,7 @@ class Linear:
         elif self.fp8:
             self.site = CallSite(fp8_linear)
             self.quant = CallSite(fp8_quantize_per_token) if w.input_scale is None else None
+            self.fp8_name = next(name for name, d in FP8_DTYPES.items() if d == w.q.dtype)  # once, not per step
         else:
             self.site = CallSite(linear)
 
@@ -47,7 +48,7 @@ class Linear:
     def _fp8(self, key, x: torch.Tensor) -> torch.Tensor:
         w = self.w
         if self.quant is not None:  # dynamic: one scale per token or per 1x128 group, from the activations
-            x_q, x_scale = self.quant(key, x, fp8_name(w.q.dtype), w.act_group)
+            x_q, x_scale = self.quant(key, x, self.fp8_name, w.act_group)
         else:  # static: the checkpoint's calibrated per-tensor scale
             x_q, x_scale = quantize_static(x, w.input_scale, w.q.dtype), w.input_scale
         return self.site(key, x_q, x_scale, w.q, w.scale, self.bias, x.dtype)
@@ -85,10 +86,6 @@ def stack_rows(*ws: Weight) -> Weight | None:
 
 def out_features(w: Weight) -> int:
     return w.rows if isinstance(w, QuantizedWeight) else w.shape[0]
-
-
-def fp8_name(dtype: torch.dtype) -> str:
-    return next(name for name, d in FP8_DTYPES.items() if d == dtype)
 
 
 def quantize_static(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:

@@ -64,8 +64,9 @@ def output_parsing(req, reasoning_parser, tool_parser) -> OutputParsing:
         raise ToolChoiceError("tool_choice 'auto' (the default when tools are sent) reads the calls a model writes in "
                               "its own format: start the server with --tool-call-parser (hermes for Qwen 2.5/3, "
                               "llama3_json, mistral), or send tool_choice 'required' or a named function")
-    if m != "none" and req.response_format is not None and req.response_format.type != "text" and m != "auto":
+    forced = m not in ("none", "auto")
+    if forced and req.response_format is not None and req.response_format.type != "text":
         raise ToolChoiceError("response_format and tool_choice 'required' or a named function both constrain the "
                               "output; send one of them")
     return OutputParsing(reasoning=reasoning_parser, tools=tool_parser if m == "auto" else None,
-                         forced=None if m in ("none", "auto") else m)
+                         forced=m if forced else None)
