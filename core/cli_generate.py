@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 
 from engine.core.engine.sampling_params import SamplingParams
@@ -30,6 +31,8 @@ def add_model_arguments(p) -> None:
                    help="GPU platforms: fraction of the device's memory for weights, activations and KV cache")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no decode graphs (CUDA graphs on GPUs, recorded kernel calls on CPUs)")
+    p.add_argument("--chat-template", type=chat_template_option, default=None, metavar="FILE_OR_TEXT",
+                   help="the chat template to use instead of the model's: a Jinja file, or the template itself")
     p.add_argument("--speculative-config", type=speculative_config, default=None, metavar="JSON",
                    help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4}\','
                         ' \'{"method": "draft_model", "model": PATH}\' or a table by batch size, '
@@ -53,6 +56,32 @@ def speculative_config(text: str) -> dict:
     except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
     return config
+
+
+def chat_template_option(value: str) -> str:
+    """--chat-template: a file's text or the template itself (as vLLM takes it), compiled now so that a bad one
+    fails before the model loads."""
+    import argparse
+
+    from engine.core.loader.chat_template import compile_chat_template
+
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            value = f.read()
+    elif "{{" not in value and "{%" not in value:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a file nor a Jinja template (no '{{{{' or '{{%')")
+    try:
+        compile_chat_template(value)
+    except ValueError as exc:
+        reason = str(exc).split("(", 1)[-1].split(")", 1)[0]
+        raise argparse.ArgumentTypeError(f"the template does not parse ({reason})") from exc
+    return value
+
+
+def use_chat_template(llm, args) -> None:
+    """Put --chat-template (when given) in place of the model's own."""
+    if getattr(args, "chat_template", None) is not None:
+        llm.tokenizer.chat_template = args.chat_template
 
 
 def checked_platform(args):
@@ -86,6 +115,7 @@ def load_llm(args, **kwargs):
 
     platform = checked_platform(args)
     llm = LLM(platform=platform, **llm_kwargs(args), **kwargs)
+    use_chat_template(llm, args)
     from engine.core.cli import resume_gc
 
     resume_gc()  # start-up is over (see cli.main)

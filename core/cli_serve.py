@@ -102,13 +102,14 @@ def data_parallel_engine(args):
     """DataParallelLLM for --data-parallel-size: the platform and dtype checked here, the model loaded by each
     engine process."""
     from .cli import resume_gc
-    from .cli_generate import checked_platform, llm_kwargs
+    from .cli_generate import checked_platform, llm_kwargs, use_chat_template
     from .engine.data_parallel import DataParallelLLM
 
     platform = checked_platform(args)
     engine = DataParallelLLM({**llm_kwargs(args), "platform": platform.name, "max_num_seqs": args.max_num_seqs,
                               "max_model_len": args.max_model_len}, args.data_parallel_size, platform,
                              max_queue=args.max_queue)
+    use_chat_template(engine.llm, args)  # chat prompts are rendered here, in the API server
     resume_gc()
     return engine
 

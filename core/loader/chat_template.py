@@ -71,3 +71,7 @@ def render_chat_template(template: str, messages: list[dict], add_generation_pro
                                **{k: v for k, v in special_tokens.items()}, **extra)
     except jinja2.exceptions.TemplateError as e:
         raise ValueError(f"the model's chat template rejected these messages: {e}") from e
+    except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError) as e:
+        # A template works on values the caller sent (messages, tools, chat_template_kwargs): their type errors are
+        # the request's fault, not the server's.
+        raise ValueError(f"the model's chat template failed on these messages: {type(e).__name__}: {e}") from e

@@ -18,6 +18,7 @@ class OutputParsing:
     reasoning: object = None  # a reasoning-parser factory, or None
     tools: object = None  # a tool-parser factory (tool_choice auto), or None
     forced: str | None = None  # tool_choice "required", or the function named by tool_choice; the output is JSON
+    prompt: str = ""  # the rendered chat prompt's end, shown to each reasoning parser
 
     @property
     def active(self) -> bool:
@@ -40,6 +41,8 @@ class ChoiceOutput:
     def __init__(self, parsing: OutputParsing):
         self.forced = parsing.forced
         self.reasoning = parsing.reasoning() if parsing.reasoning else None
+        if self.reasoning is not None:
+            self.reasoning.seen_prompt(parsing.prompt)
         self.tools = parsing.tools() if parsing.tools else None
         self._forced_text = ""
         self.calls: list[ToolCall] = []

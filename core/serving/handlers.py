@@ -62,18 +62,24 @@ class Handler:
         except tool_choice.ToolChoiceError as exc:
             raise OpenAIError(400, str(exc), param="tool_choice") from exc
         try:
-            ids = await asyncio.to_thread(self._chat_ids, req)
+            text, ids = await asyncio.to_thread(self._chat_ids, req)
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages") from exc
+        parsing.prompt = text[-PROMPT_TAIL:]
         max_tokens = req.max_completion_tokens or req.max_tokens
         return await self._start("chat.completion", "chatcmpl", req, [ids], max_tokens, k, "messages", parsing)
 
-    def _chat_ids(self, req: ChatCompletionRequest) -> list[int]:
+    def _chat_ids(self, req: ChatCompletionRequest) -> tuple[str, list[int]]:
+        """The rendered prompt and its tokens."""
         messages = [m.template_message() for m in req.messages]
+        normalize_id = getattr(self.tool_parser, "template_call_id", None)
+        if normalize_id is not None:  # e.g. Mistral's templates refuse ids that are not 9 letters and digits
+            messages = [with_call_ids(m, normalize_id) for m in messages]
         tools = tool_choice.template_tools(req)
         text = self.llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                      **(req.chat_template_kwargs or {}),
                                                       **({"tools": tools} if tools else {}))
-        return self.llm.tokenizer.encode(text, add_special_tokens=False)
+        return text, self.llm.tokenizer.encode(text, add_special_tokens=False)
 
     async def _start(self, kind, prefix, req, prompts: list[list[int]], max_tokens, k, prompt_param,
                      parsing: OutputParsing | None = None) -> Job:
@@ -346,3 +352,16 @@ def merge_deltas(a: dict, b: dict) -> dict:
     for key, value in b.items():
         merged[key] = merged[key] + value if key in merged else value
     return merged
+
+
+PROMPT_TAIL = 256  # how much of the rendered prompt's end a reasoning parser sees
+
+
+def with_call_ids(message: dict, normalize_id) -> dict:
+    """``message`` with its tool-call ids (a tool result's ``tool_call_id`` too) passed through ``normalize_id``."""
+    out = dict(message)
+    if "tool_call_id" in out:
+        out["tool_call_id"] = normalize_id(out["tool_call_id"])
+    if out.get("tool_calls"):
+        out["tool_calls"] = [{**c, "id": normalize_id(c["id"])} for c in out["tool_calls"]]
+    return out

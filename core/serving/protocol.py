@@ -4,6 +4,7 @@ clients send some this server has no use for), and the mapping of their sampling
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -112,6 +113,11 @@ class CompletionRequest(_Sampling):
 
 
 MAX_TOOLS = 128  # tools in one request (OpenAI's own limit)
+# chat_template_kwargs (vLLM's name): extra variables for the chat template, such as Qwen3's enable_thinking
+MAX_TEMPLATE_KWARGS, MAX_TEMPLATE_KWARGS_BYTES = 16, 4096
+_TEMPLATE_KWARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "raise_exception", "strftime_now",
+                                "bos_token", "eos_token", "unk_token", "pad_token"})
 FUNCTION_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 
 
@@ -206,6 +212,20 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = Field(default=None, max_length=MAX_TEMPLATE_KWARGS)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, v):
+        if not v:
+            return v
+        for key in v:
+            if not _TEMPLATE_KWARG.fullmatch(key) or key in _TEMPLATE_RESERVED:
+                raise ValueError(f"chat_template_kwargs: {key[:64]!r} is not a variable a request may set (a name "
+                                 f"of letters, digits and '_', none of {sorted(_TEMPLATE_RESERVED)})")
+        if len(json.dumps(v)) > MAX_TEMPLATE_KWARGS_BYTES:
+            raise ValueError(f"chat_template_kwargs is over {MAX_TEMPLATE_KWARGS_BYTES} bytes as JSON")
+        return v
 
     @model_validator(mode="after")
     def _tool_choice(self):

@@ -36,6 +36,23 @@ def test_prompts_from_stdin_and_from_a_file(tmp_path):
     assert second.strip(), "the second prompt got no answer"
 
 
+@pytest.mark.usefixtures("default_model")
+def test_chat_template_replaces_the_models_own(tmp_path):
+    """--chat-template, a file or the template's text: this one ignores the user's words and asks its own question,
+    so the answer shows which template ran."""
+    own = ("<|im_start|>user\nWhat is the capital of {{ messages[-1].content }}?<|im_end|>\n"
+           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    f = tmp_path / "chat.jinja"
+    f.write_text(own)
+    for template in (str(f), own):
+        proc = run_engine(["generate", "--temperature", "0", "--max-tokens", "8", "--chat-template", template,
+                           "France"])
+        assert proc.returncode == 0, proc.stderr
+        assert "Paris" in proc.stdout
+    _one_clear_line(["generate", "--chat-template", "{% for %}", "hi"], "the template does not parse")
+    _one_clear_line(["generate", "--chat-template", "/nope/chat.jinja", "hi"], "neither a file nor a Jinja template")
+
+
 def _one_clear_line(args: list[str], message: str) -> None:
     proc = run_engine(args)
     assert proc.returncode == 2, (args, proc.stderr)

@@ -5,7 +5,8 @@ its own format into OpenAI ``tool_calls``.
 Both are plugins by name: the built-in ones register here, and a package adds its own through the entry-point groups
 ``engine.reasoning_parsers`` / ``engine.tool_parsers`` (``name = "module:ParserClass"``), the class taking no
 arguments. Every parser works on a stream: ``feed(text)`` with each new piece of output and ``finish()`` at its end,
-each returning what can be told apart so far; parsing a whole output is feeding it at once.
+each returning what can be told apart so far; parsing a whole output is feeding it at once. A reasoning parser is
+shown the end of the rendered prompt first (``seen_prompt``), since templates open or close the block there.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from .reasoning import ReasoningParser, ThinkParser
 from .tool_calls import HermesParser, Llama3JsonParser, MistralParser, ToolCall, ToolParser
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
+    # Both read the prompt's end (seen_prompt) and differ only where it neither opens nor closes a block:
     "deepseek_r1": ThinkParser.starting_inside,  # R1's template opens <think> in the prompt
-    "qwen3": ThinkParser,  # Qwen3 writes <think> itself (and an empty block when thinking is off)
+    "qwen3": ThinkParser,  # Qwen3 writes <think> itself (its template closes an empty block when thinking is off)
 }
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesParser,  # <tool_call>{...}</tool_call>: Qwen 2.5 / Qwen3, Hermes 2/3

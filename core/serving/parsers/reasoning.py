@@ -13,7 +13,12 @@ def held_prefix(text: str, tag: str) -> int:
 
 
 class ReasoningParser:
-    """Per choice: ``feed(piece) -> (reasoning, content)``, ``finish() -> (reasoning, content)``."""
+    """Per choice: ``seen_prompt(prompt)`` once with the rendered chat prompt, then ``feed(piece) -> (reasoning,
+    content)`` and ``finish() -> (reasoning, content)``."""
+
+    def seen_prompt(self, prompt: str) -> None:
+        """The chat prompt the output continues (templates open or close the reasoning block in it); by default
+        ignored."""
 
     def feed(self, piece: str) -> tuple[str, str]:
         raise NotImplementedError
@@ -23,9 +28,10 @@ class ReasoningParser:
 
 
 class ThinkParser(ReasoningParser):
-    """``<think>reasoning</think>content``. With ``inside`` (the prompt opened the block, as DeepSeek-R1's template
-    does) the output starts as reasoning; otherwise it is content until the model writes ``<think>`` at its start.
-    An output cut off inside the block is all reasoning."""
+    """``<think>reasoning</think>content``. An output that does not open with ``<think>`` starts as reasoning when
+    the prompt ends inside the block (DeepSeek-R1's template ends it with ``<think>``), as content when the prompt
+    closed it (Qwen3 with ``enable_thinking`` off: ``<think></think>``), and otherwise as ``inside`` says. An output
+    cut off inside the block is all reasoning."""
 
     start, end = "<think>", "</think>"
 
@@ -38,6 +44,13 @@ class ThinkParser(ReasoningParser):
     @classmethod
     def starting_inside(cls) -> ThinkParser:
         return cls(inside=True)
+
+    def seen_prompt(self, prompt: str) -> None:
+        tail = prompt.rstrip()
+        if tail.endswith(self.start):
+            self._untagged = "inside"
+        elif tail.endswith(self.end):
+            self._untagged = "after"
 
     def feed(self, piece: str) -> tuple[str, str]:
         text, self._pending = self._pending + piece, ""

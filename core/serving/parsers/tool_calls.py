@@ -4,7 +4,9 @@ as it is complete. A call that does not parse (bad JSON, no name) is given back 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import string
 import uuid
 from dataclasses import dataclass, field
 
@@ -127,11 +129,25 @@ class HermesParser(MarkedParser):
         return [call_from(v) for v in decode_all(body)]
 
 
+_ALNUM = string.ascii_letters + string.digits
+
+
+def mistral_call_id(raw: str) -> str:
+    """A tool-call id as Mistral's chat templates require (9 letters and digits, else they refuse the messages):
+    ``raw`` itself when it is one, else 9 characters derived from it, so a call and its result keep matching."""
+    if len(raw) == 9 and raw.isascii() and raw.isalnum():
+        return raw
+    n = int.from_bytes(hashlib.sha256(raw.encode()).digest()[:8], "big")
+    return "".join(_ALNUM[(n // 62**i) % 62] for i in range(9))
+
+
 class MistralParser(MarkedParser):
     """``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (Mistral 7B v0.3, Mixtral) or, from the 2025 models
-    on, ``[TOOL_CALLS]name[ARGS]{...}`` once per call. The calls run to the end of the output."""
+    on, ``[TOOL_CALLS]name[ARGS]{...}`` once per call. The calls run to the end of the output. Call ids are 9 letters
+    and digits, and the server passes the ids of a conversation's earlier calls through ``template_call_id``."""
 
     start, end = "[TOOL_CALLS]", None
+    template_call_id = staticmethod(mistral_call_id)
 
     def parse(self, body: str) -> list[ToolCall]:
         calls = []
@@ -144,6 +160,8 @@ class MistralParser(MarkedParser):
                 calls += [call_from(v) for v in (value if isinstance(value, list) else [value])]
         if not calls:
             raise ValueError("no tool call after [TOOL_CALLS]")
+        for call in calls:
+            call.id = mistral_call_id(call.id)
         return calls
 
 

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests import needs
+from tests.core.serving import real_chat_templates
 from tests.core.serving.live_server import free_port
 from tests.plugin_helpers import REPO
 
@@ -144,17 +145,26 @@ def test_the_server_exits_non_zero_when_the_engine_loop_dies(capsys):
 
 
 @pytest.mark.usefixtures("default_model")
-def test_data_parallel_serve_answers_and_stops():
+def test_data_parallel_serve_answers_and_stops(tmp_path):
+    """Two engine processes; chat prompts rendered in the API server with --chat-template (Qwen3's real one, whose
+    prompt closes the <think> block when a request turns thinking off), so the deepseek_r1 reasoning parser, which
+    otherwise starts inside the block, gives the answer as content."""
+    template = tmp_path / "qwen3.jinja"
+    template.write_text(real_chat_templates.template("Qwen-Qwen3-0.6B"))
     port, proc = _serve("--data-parallel-size", "2", "--max-model-len", "256", "--served-model-name", "tiny",
-                        "--log-level", "warning")
+                        "--log-level", "warning", "--chat-template", str(template), "--reasoning-parser", "deepseek_r1")
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         question = [{"role": "user", "content": "What is the capital of France?"}]
-        answers = [client.chat.completions.create(model="tiny", messages=question, temperature=0, max_tokens=16)
+        answers = [client.chat.completions.create(model="tiny", messages=question, temperature=0, max_tokens=16,
+                                                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
                    for _ in range(3)]
-        assert all("Paris" in r.choices[0].message.content for r in answers)
+        assert all("Paris" in r.choices[0].message.content for r in answers), answers
+        assert all(r.choices[0].message.reasoning_content is None for r in answers), answers
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        assert 'engine_requests_total{finish_reason="stop",model_name="tiny"} 3.0' in metrics, metrics
+        for reason in {r.choices[0].finish_reason for r in answers}:
+            n = sum(r.choices[0].finish_reason == reason for r in answers)
+            assert f'engine_requests_total{{finish_reason="{reason}",model_name="tiny"}} {n:.1f}' in metrics, metrics
     finally:
         proc.terminate()
         out, err = proc.communicate(timeout=60)
