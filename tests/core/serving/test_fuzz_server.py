@@ -100,7 +100,10 @@ chat_bodies = st.fixed_dictionaries(
         lambda parts: [m for part in parts for m in part]), junk)},
     optional={**SAMPLING, "logprobs": _field(st.booleans()), "top_logprobs": _field(ints),
               "max_completion_tokens": _field(st.integers(-1, 6)), "tools": _field(tools),
-              "tool_choice": tool_choices, "parallel_tool_calls": _field(st.booleans())})
+              "tool_choice": tool_choices, "parallel_tool_calls": _field(st.booleans()),
+              "chat_template_kwargs": _field(st.dictionaries(
+                  st.one_of(st.sampled_from(["enable_thinking", "messages", "bos_token"]), st.text(max_size=6)),
+                  st.one_of(st.booleans(), junk), max_size=3))})
 
 
 @pytest.fixture(scope="module")
