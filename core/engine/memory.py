@@ -29,7 +29,8 @@ def weight_nbytes(weights: Iterable[Weight]) -> int:
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+    tensors, heads, channels = cfg.kv_cache_layout
+    return tensors * cfg.num_layers * heads * channels * dtype.itemsize
 
 
 def activation_reserve(cfg: ModelConfig, dtype: torch.dtype, max_num_batched_tokens: int, max_num_seqs: int) -> int:

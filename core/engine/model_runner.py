@@ -22,10 +22,15 @@ class ModelRunner:
         cfg = model.cfg
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
         self.graphs: DecodeGraphs | None = None
-        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        tensors, heads, channels = cfg.kv_cache_layout
+        shape = (num_blocks, block_size, heads, channels)
         # Fresh caches hold garbage until written; attention never reads past seq_lens, so no zero-fill is needed.
         self.platform = platform or Platform()
-        self.kv_caches = self.platform.empty_kv_caches(cfg.num_layers, shape, model.dtype, model.device)
+        if tensors == 2:
+            self.kv_caches = self.platform.empty_kv_caches(cfg.num_layers, shape, model.dtype, model.device)
+        else:  # one latent cache a layer (MLA): each (key, value) pair the platform makes serves two layers
+            pairs = self.platform.empty_kv_caches((cfg.num_layers + 1) // 2, shape, model.dtype, model.device)
+            self.kv_caches = [t for pair in pairs for t in pair][:cfg.num_layers]
         self._blocks_reached = 0
 
     def _host_batch(self, scheduled: list[tuple[Sequence, int]], pad_tables: bool = True,

@@ -11,7 +11,7 @@ from .errors import ModelLoadError
 
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                "qwen3_moe": "Qwen3MoeForCausalLM"}
+                "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 
 
 def read_json(path: str) -> dict:
@@ -92,6 +92,8 @@ def _build(cfg: dict, arch: str) -> ModelConfig:
                    mlp_only_layers=[int(i) for i in cfg.get("mlp_only_layers") or []])
         if arch == "qwen2_moe":
             moe["shared_expert_intermediate_size"] = int(cfg["shared_expert_intermediate_size"])
+    elif arch == "deepseek_v3":
+        moe = _deepseek(cfg)
     if moe:
         moe["num_experts_per_tok"] = int(cfg["num_experts_per_tok"])
     eos = as_id_list(cfg.get("eos_token_id"))
@@ -99,11 +101,31 @@ def _build(cfg: dict, arch: str) -> ModelConfig:
         arch=arch, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
         intermediate_size=int(cfg.get("intermediate_size") or 0), num_layers=int(cfg["num_hidden_layers"]),
         num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or (hidden // heads if heads else 0)),
+        head_dim=int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]) if arch == "deepseek_v3"
+        else int(cfg.get("head_dim") or (hidden // heads if heads else 0)),
         max_position=_context_length(cfg), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta, rope_scaling=scaling, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=attention_bias, qk_norm=arch in ("qwen3", "qwen3_moe"),
         bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos, **moe)
+
+
+def _deepseek(cfg: dict) -> dict:
+    """DeepSeek-V3's MoE and MLA fields (the routing HF's DeepseekV3 implements: sigmoid scores, grouped top-k)."""
+    if cfg.get("attention_bias"):
+        raise ValueError("attention_bias=true: DeepSeek-V3 with projection biases is not supported")
+    scoring = cfg.get("scoring_func", "sigmoid")
+    if scoring != "sigmoid":
+        raise ValueError(f"scoring_func {scoring!r}: only DeepSeek-V3's sigmoid routing is supported")
+    inter = int(cfg["moe_intermediate_size"])
+    return dict(num_experts=int(cfg["n_routed_experts"]), moe_intermediate_size=inter,
+                shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts") or 0),
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", True)), n_group=int(cfg.get("n_group") or 1),
+                topk_group=int(cfg.get("topk_group") or 1),
+                routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+                first_k_dense_replace=int(cfg.get("first_k_dense_replace", 0)),
+                q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
+                qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+                v_head_dim=int(cfg["v_head_dim"]), rope_interleave=bool(cfg.get("rope_interleave", True)))
 
 
 def _context_length(cfg: dict) -> int:

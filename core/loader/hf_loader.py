@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 import torch
 
@@ -16,6 +17,7 @@ from .hf_tokenizer import hf_tokenizer
 from .safetensors_weights import load_safetensors, safetensors_files
 
 log = logging.getLogger("engine")
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def load_hf(model_dir: str, dtype: torch.dtype):
@@ -26,7 +28,12 @@ def load_hf(model_dir: str, dtype: torch.dtype):
     tokenizer = hf_tokenizer(model_dir, config.eos_token_ids)
     qc = read_json(os.path.join(model_dir, "config.json")).get("quantization_config")
     scheme = quant_scheme(qc, model_dir) if qc else None
-    weights = load_safetensors(files, dtype, keep=scheme.keeps if scheme else None)
+    # Layers past num_hidden_layers are not the model's: DeepSeek-V3 ships its multi-token-prediction layer there.
+    def past_the_last_layer(name: str) -> bool:
+        m = _LAYER.match(name)
+        return m is not None and int(m[1]) >= config.num_layers
+
+    weights = load_safetensors(files, dtype, keep=scheme.keeps if scheme else None, skip=past_the_last_layer)
     if scheme is not None:
         weights = _packed(scheme, weights, qc.get("quant_method"), model_dir, dtype)
     if config.tie_word_embeddings:

@@ -40,9 +40,10 @@ def safetensors_files(model_dir: str) -> list[str]:
     raise ModelLoadError(f"{model_dir} has no *.safetensors weights; download the model's safetensors files")
 
 
-def load_safetensors(files: list[str], dtype: torch.dtype, keep=None) -> dict[str, torch.Tensor]:
-    """Every tensor in ``files``, floating ones cast to ``dtype`` unless ``keep(name, tensor)`` (a quantized
-    checkpoint's FP8 values and scales); ModelLoadError for truncated/corrupt files."""
+def load_safetensors(files: list[str], dtype: torch.dtype, keep=None, skip=None) -> dict[str, torch.Tensor]:
+    """Every tensor in ``files`` but those whose name ``skip(name)`` is true, floating ones cast to ``dtype`` unless
+    ``keep(name, tensor)`` (a quantized checkpoint's FP8 values and scales); ModelLoadError for truncated/corrupt
+    files."""
     from safetensors import SafetensorError, safe_open
 
     out: dict[str, torch.Tensor] = {}
@@ -51,6 +52,8 @@ def load_safetensors(files: list[str], dtype: torch.dtype, keep=None) -> dict[st
         try:
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
+                    if skip is not None and skip(name):
+                        continue
                     t = f.get_tensor(name)
                     cast = t.is_floating_point() and not (keep is not None and keep(name, t))
                     out[name] = t.to(dtype) if cast else t

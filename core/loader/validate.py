@@ -17,16 +17,31 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (c.vocab_size, h)
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
-        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                   p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
+        shapes |= _mlp_shapes(c, i, p)
+        if c.is_mla:
+            shapes |= _mla_shapes(c, p + "self_attn.")
+            continue
+        shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q)}
         if c.attention_bias:
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                        p + "self_attn.v_proj.bias": (kv,)}
         if c.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
-        shapes |= _mlp_shapes(c, i, p)
     return shapes
+
+
+def _mla_shapes(c: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    h, heads, rank, rope = c.hidden_size, c.num_heads, c.kv_lora_rank, c.qk_rope_head_dim
+    qk = c.qk_nope_head_dim + rope
+    out = {p + "kv_a_proj_with_mqa.weight": (rank + rope, h), p + "kv_a_layernorm.weight": (rank,),
+           p + "kv_b_proj.weight": (heads * (c.qk_nope_head_dim + c.v_head_dim), rank),
+           p + "o_proj.weight": (h, heads * c.v_head_dim)}
+    if c.q_lora_rank:
+        return out | {p + "q_a_proj.weight": (c.q_lora_rank, h), p + "q_a_layernorm.weight": (c.q_lora_rank,),
+                      p + "q_b_proj.weight": (heads * qk, c.q_lora_rank)}
+    return out | {p + "q_proj.weight": (heads * qk, h)}
 
 
 def _mlp_shapes(c: ModelConfig, i: int, p: str) -> dict[str, tuple[int, ...]]:
@@ -47,6 +62,9 @@ def _mlp_shapes(c: ModelConfig, i: int, p: str) -> dict[str, tuple[int, ...]]:
     out = {p + "mlp.gate.weight": (e, h)}
     for x in range(e):
         out |= gated(f"{p}mlp.experts.{x}.", inter)
+    if c.is_mla:  # DeepSeek: ungated shared experts, one MLP of their summed width
+        return out | (gated(p + "mlp.shared_experts.", c.shared_expert_intermediate_size)
+                      if c.shared_expert_intermediate_size else {})
     if c.shared_expert_intermediate_size:
         out |= gated(p + "mlp.shared_expert.", c.shared_expert_intermediate_size)
         out[p + "mlp.shared_expert_gate.weight"] = (1, h)

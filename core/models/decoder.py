@@ -1,5 +1,6 @@
-"""DecoderModel: the Llama-style decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM2) and its MoE variants
-(Mixtral, Qwen2-MoE, Qwen3-MoE), written only against engine.core.ops."""
+"""DecoderModel: the Llama-style decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM2), its MoE variants
+(Mixtral, Qwen2-MoE, Qwen3-MoE) and DeepSeek-V3 (latent attention, grouped-routing MoE), written only against
+engine.core.ops."""
 
 from __future__ import annotations
 
@@ -13,21 +14,23 @@ from engine.core.ops.rotary import build_cos_sin_cache
 
 from .attention import SelfAttention
 from .batch import ForwardBatch
-from .config import SUPPORTED_ARCHS, ModelConfig
+from .config import MLA_ARCHS, SUPPORTED_ARCHS, ModelConfig
+from .deepseek_moe import DeepseekMoE
 from .layers import Embedding, Linear
+from .mla import LatentAttention
 from .mlp import GatedMLP, SparseMoE
 from .weights import QuantizedWeight, to_device
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: dict, i: int, cos_sin: torch.Tensor):
+    def __init__(self, cfg: ModelConfig, w: dict, i: int, cos_sin: torch.Tensor, dtype: torch.dtype):
         p = f"model.layers.{i}."
         self.eps = cfg.rms_norm_eps
         self.input_norm = w[p + "input_layernorm.weight"]
         self.post_norm = w[p + "post_attention_layernorm.weight"]
-        self.attn = SelfAttention(cfg, w, p, cos_sin)
+        self.attn = LatentAttention(cfg, w, p, cos_sin, dtype) if cfg.is_mla else SelfAttention(cfg, w, p, cos_sin)
         if cfg.layer_is_moe(i):
-            self.mlp = SparseMoE(cfg, w, p)
+            self.mlp = DeepseekMoE(cfg, w, p) if cfg.arch in MLA_ARCHS.values() else SparseMoE(cfg, w, p)
         else:
             self.mlp = GatedMLP(*(w[f"{p}mlp.{n}_proj.weight"] for n in ("gate", "up", "down")))
         self.first_norm, self.add_norm_in, self.add_norm_post = (CallSite(rms_norm), CallSite(fused_add_rms_norm),
@@ -47,7 +50,8 @@ class DecoderModel:
     """``forward(input_ids [T], batch, kv_caches) -> hidden [T, hidden]``; ``logits(hidden) -> [N, vocab]`` fp32.
 
     ``kv_caches`` holds one (key_cache, value_cache) pair per layer, each
-    [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype. With ``quantize_activations`` every
+    [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype, or for MLA one latent cache per layer
+    (ModelConfig.kv_cache_layout). With ``quantize_activations`` every
     GGUF-quantized matrix multiplies activations rounded to Q8 blocks (ops.gguf_linear_q8act, llama.cpp's CPU
     arithmetic); otherwise activations stay in ``dtype`` (ops.gguf_linear). Weights are moved to ``device``."""
 
@@ -63,10 +67,10 @@ class DecoderModel:
         if quantize_activations:
             weights = {name: dataclasses.replace(w, quantize_activations=True) if isinstance(w, QuantizedWeight)
                        else w for name, w in weights.items()}
-        cos_sin = build_cos_sin_cache(cfg.max_position, cfg.head_dim, cfg.rope_theta, torch.float32,
+        cos_sin = build_cos_sin_cache(cfg.max_position, cfg.rotary_dim, cfg.rope_theta, torch.float32,
                                       cfg.rope_scaling, device=self.device)
         self.embed_tokens = weights["model.embed_tokens.weight"]
-        self.layers = [DecoderLayer(cfg, weights, i, cos_sin) for i in range(cfg.num_layers)]
+        self.layers = [DecoderLayer(cfg, weights, i, cos_sin, dtype) for i in range(cfg.num_layers)]
         self.norm = weights["model.norm.weight"]
         self.lm_head = weights.get("lm_head.weight", self.embed_tokens if cfg.tie_word_embeddings else None)
         if self.lm_head is None:

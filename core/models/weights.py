@@ -70,3 +70,18 @@ def weight_bytes(w: Weight) -> int:
     if isinstance(w, Fp8Weight):
         return w.q.nbytes + w.scale.nbytes + (0 if w.input_scale is None else w.input_scale.nbytes)
     return w.nbytes
+
+
+def dense_weight(w: Weight, dtype: torch.dtype) -> torch.Tensor:
+    """The weight as a plain [rows, cols] tensor of ``dtype`` (FP8 weights dequantized with their scales), for the
+    few places that transform a weight rather than multiply by it (MLA's absorbed up-projections)."""
+    if isinstance(w, Fp8Weight):
+        scale = w.scale.float()
+        if w.granularity == "block":
+            rows, cols = w.q.shape
+            scale = scale.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+        return (w.q.float() * scale).to(dtype)
+    if isinstance(w, QuantizedWeight):
+        raise ValueError("a GGUF-quantized weight cannot be used where a plain matrix is needed (MLA's kv_b_proj); "
+                         "load the model with dequantize=True")
+    return w.to(dtype)

@@ -32,7 +32,9 @@ def build_cos_sin_cache(max_pos: int, rot_dim: int, base: float, dtype: torch.dt
 
     ``scaling`` follows HF ``rope_scaling`` (key ``rope_type`` or ``type``): None or type
     "default" for none; "linear" with ``factor`` (positions divided by factor); "llama3" with
-    ``factor``, ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``.
+    ``factor``, ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``;
+    "yarn" with ``factor`` (else max_pos / original), ``original_max_position_embeddings``, optional
+    ``beta_fast``/``beta_slow``, ``mscale``/``mscale_all_dim`` or ``attention_factor`` (which scales cos and sin).
     """
     if rot_dim <= 0 or rot_dim % 2:
         raise ValueError(f"build_cos_sin_cache: rot_dim must be a positive even number, got {rot_dim}")
@@ -44,11 +46,46 @@ def build_cos_sin_cache(max_pos: int, rot_dim: int, base: float, dtype: torch.dt
         inv_freq = inv_freq / float(scaling["factor"])
     elif kind == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, scaling)
+    elif kind == "yarn":
+        inv_freq, attention = _yarn_inv_freq(inv_freq, rot_dim, base, max_pos, scaling)
     else:
         raise ValueError(f"build_cos_sin_cache: unsupported rope scaling type {kind!r}; "
-                         "supported: None/'default', 'linear', 'llama3'")
+                         "supported: None/'default', 'linear', 'llama3', 'yarn'")
     freqs = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype=dtype, device=device)
+    table = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    if kind == "yarn":
+        table = table * attention
+    return table.to(dtype=dtype, device=device)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature 0.1 * mscale * ln(factor) + 1 (1 for factor <= 1)."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, dim: int, base: float, max_pos: int, s: dict) -> tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071) as HF transformers computes it: frequencies between the interpolated (/ factor) and
+    the original ones along a linear ramp between the correction dims of beta_fast and beta_slow rotations."""
+    old_ctx = float(s["original_max_position_embeddings"])
+    factor = float(s.get("factor") or max_pos / old_ctx)
+    attention = s.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all = s.get("mscale"), s.get("mscale_all_dim")
+        attention = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all) if mscale and mscale_all
+                     else yarn_mscale(factor))
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(old_ctx / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(s.get("beta_fast") or 32), correction_dim(s.get("beta_slow") or 1)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no division by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: original frequency (extrapolation), 0: interpolated
+    return inv_freq / factor * (1 - keep) + inv_freq * keep, float(attention)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:

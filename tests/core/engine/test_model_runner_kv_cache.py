@@ -14,7 +14,8 @@ from engine.core.platform import Platform
 
 
 def model(layers=3, kv_heads=2, head_dim=8, dtype=torch.float32):
-    cfg = SimpleNamespace(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim)
+    cfg = SimpleNamespace(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
+                          kv_cache_layout=(2, kv_heads, head_dim))
     return SimpleNamespace(cfg=cfg, dtype=dtype, device=torch.device("cpu"))
 
 
