@@ -75,7 +75,9 @@ def test_torch_op_matches_call(gen):
 def test_bad_inputs(gen):
     q, kv, bt, lens, scale, v_dim = op.make_inputs(op.cases[0].params, torch.float32, "cpu", gen)
     with pytest.raises(TypeError, match="share one dtype"):
-        op.reference(q.half(), kv.half(), bt, lens, scale, v_dim)
+        op.reference(q.half(), kv, bt, lens, scale, v_dim)
+    with pytest.raises(TypeError, match="share one dtype"):
+        op.reference(q.to(torch.int8), kv.to(torch.int8), bt, lens, scale, v_dim)
     with pytest.raises(ValueError, match="same Dqk"):
         op.reference(q[..., :512], kv, bt, lens, scale, v_dim)
     with pytest.raises(ValueError, match="v_dim"):
