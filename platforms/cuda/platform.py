@@ -42,6 +42,5 @@ class CudaPlatform(TorchAcceleratorPlatform):
         gluon_nvfp4.register(registry, self.device_type, capability)
         registry.reference_only("all_reduce", "torch.distributed's all_reduce (NCCL) until the custom all-reduce "
                                               "(issue 30)")
-        registry.reference_only("mla_decode", "no Triton MLA decode kernel yet (issue 27)")
         registry.reference_only("gguf_linear_q8act", "int8-activation GGUF matmuls are the CPU's (llama.cpp's) "
                                                      "arithmetic; GPUs serve GGUF through gguf_linear")

@@ -28,6 +28,7 @@ KERNEL_MODULES = {
     "fused_moe": ("fused_moe", "fused_moe_fp8"),
     "fp8_linear": ("fp8_linear", "fp8_quantize_per_token"),
     "nvfp4": ("nvfp4_quantize", "nvfp4_linear", "nvfp4_linear_w4a4"),
+    "mla": ("mla_decode",),
 }
 
 
