@@ -102,6 +102,7 @@ def test_names_resolve(path: Path):
     ("fp8", dict(sweep=True)),
     ("quant", dict(tune=True)),
     ("gemv", {}),
+    ("mla", {}),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_kernel_benchmark_tiny(name, kwargs):
     """Every row of the section (and the first setting of each sweep) at the module's tiny size; kernel results
