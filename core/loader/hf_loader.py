@@ -8,7 +8,7 @@ import re
 
 import torch
 
-from engine.core.models.weights import Fp8Weight, QuantizedWeight, weight_bytes
+from engine.core.models.weights import Fp8Weight, QuantizedWeight, dense_weight, weight_bytes
 
 from .errors import ModelLoadError
 from .hf_config import hf_config, read_json
@@ -48,9 +48,23 @@ def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dty
     weights = scheme.pack(weights, model_dir)
     quantized = {n: w for n, w in weights.items() if isinstance(w, (Fp8Weight, QuantizedWeight))}
     experts = [n for n in quantized if ".experts." in n]
-    if experts:
-        raise ModelLoadError(f"{model_dir}: quantized MoE experts ({experts[0]}, ...) are not read from checkpoints "
+    if any(isinstance(quantized[n], QuantizedWeight) for n in experts):
+        raise ModelLoadError(f"{model_dir}: 4-bit MoE experts ({experts[0]}, ...) are not read from checkpoints "
                              "yet (issue 27); use the unquantized checkpoint or a GGUF file")
+    # fused_moe_fp8 takes per-tensor / per-channel weight scales with dynamic per-token activations; other FP8
+    # experts (128x128 blocks, static activation scales) are expanded to the model dtype until a kernel takes them
+    expand = [n for n in experts if quantized[n].granularity == "block" or quantized[n].input_scale is not None
+              or quantized[n].act_group]
+    if expand:
+        why = "128x128 weight blocks" if any(quantized[n].granularity == "block" for n in expand) else \
+            "static activation scales"
+        before = sum(weight_bytes(quantized[n]) for n in expand)
+        for n in expand:
+            weights[n] = dense_weight(quantized.pop(n), dtype)
+        log.warning("engine: %s: %d FP8 expert matrices (%s) are expanded to %s (%.1f MiB instead of %.1f): no "
+                    "MoE kernel takes their scales yet; per-tensor or per-channel FP8 experts with dynamic "
+                    "activations stay in FP8", model_dir, len(expand), why, str(dtype).removeprefix("torch."),
+                    sum(weights[n].nbytes for n in expand) / 2**20, before / 2**20)
     if "model.embed_tokens.weight" in quantized:
         raise ModelLoadError(f"{model_dir}: a quantized embedding table is not supported")
     log.info("engine: %s: %s checkpoint; %d matrices kept quantized (%s), %.1f MiB with their scales; the rest "

@@ -2,20 +2,19 @@
 per-expert bias steers the choice but not the weights), weights renormalized and scaled by routed_scaling_factor,
 plus always-on shared experts.
 
-The routing runs here; the experts run on the platform's ``fused_moe`` kernel, which routes by softmax over logits
-and renormalizes the top k: handing it ``log(weight)`` for the chosen experts and a far lower logit for the rest
-makes it weight the chosen ones by ``weight / sum(weights)``, and multiplying its output by ``sum(weights)`` per
-token restores the weights exactly (up to rounding), with no second MoE kernel per platform.
+The routing runs here; the experts run on the platform's ``fused_moe`` (or ``fused_moe_fp8``) kernel, which
+routes by softmax over logits and renormalizes the top k: handing it ``log(weight)`` for the chosen experts and a
+far lower logit for the rest makes it weight the chosen ones by ``weight / sum(weights)``, and multiplying its
+output by ``sum(weights)`` per token restores the weights exactly (up to rounding), with no second MoE kernel per
+platform.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.core.ops.moe import fused_moe
-from engine.core.ops.registry import CallSite
-
 from .config import ModelConfig
+from .experts import Experts
 from .layers import Linear
 from .mlp import GatedMLP
 
@@ -43,33 +42,28 @@ def grouped_topk(router_logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_
 class DeepseekMoE:
     def __init__(self, cfg: ModelConfig, w: dict, prefix: str):
         base = prefix + "mlp."
-        experts = [[w[f"{base}experts.{e}.{n}_proj.weight"] for n in ("gate", "up", "down")]
-                   for e in range(cfg.num_experts)]
-        if any(not isinstance(t, torch.Tensor) for ex in experts for t in ex):
-            raise ValueError("quantized MoE experts are not supported yet; load the model with dequantize=True")
+        self.experts = Experts([[w[f"{base}experts.{e}.{n}_proj.weight"] for n in ("gate", "up", "down")]
+                                for e in range(cfg.num_experts)])
         if cfg.num_experts % cfg.n_group or cfg.topk_group > cfg.n_group:
             raise ValueError(f"n_group {cfg.n_group} must divide n_routed_experts {cfg.num_experts} and be >= "
                              f"topk_group {cfg.topk_group}")
         self.router = Linear(w[base + "gate.weight"])
         self.bias = w.get(base + "gate.e_score_correction_bias")
         if self.bias is None:
-            self.bias = torch.zeros(cfg.num_experts, device=experts[0][0].device)
-        self.w13 = torch.stack([torch.cat([g, u]) for g, u, _ in experts])
-        self.w2 = torch.stack([d for _, _, d in experts])
+            self.bias = torch.zeros(cfg.num_experts, device=self.experts.w13.device)
         self.top_k, self.n_group, self.topk_group = cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
         self.renormalize, self.scaling = cfg.norm_topk_prob, cfg.routed_scaling_factor
         s = base + "shared_experts."
         self.shared = (GatedMLP(w[s + "gate_proj.weight"], w[s + "up_proj.weight"], w[s + "down_proj.weight"])
                        if s + "gate_proj.weight" in w else None)
-        self.moe = CallSite(fused_moe)
 
     def __call__(self, key, x: torch.Tensor) -> torch.Tensor:
         weights, ids = grouped_topk(self.router(key, x), self.bias, self.top_k, self.n_group, self.topk_group,
                                     self.renormalize, self.scaling)
         total = weights.sum(-1, keepdim=True)
-        logits = torch.full((x.shape[0], self.w13.shape[0]), _UNCHOSEN, dtype=torch.float32, device=x.device)
+        logits = torch.full((x.shape[0], self.experts.num_experts), _UNCHOSEN, dtype=torch.float32, device=x.device)
         logits.scatter_(1, ids, (weights / total).clamp_min(1e-30).log())
-        out = self.moe(key, x, self.w13, self.w2, logits, self.top_k, True) * total.to(x.dtype)
+        out = self.experts(key, x, logits, self.top_k, True) * total.to(x.dtype)
         if self.shared is not None:
             out = out + self.shared(key, x)
         return out

@@ -5,12 +5,11 @@ from __future__ import annotations
 import torch
 
 from engine.core.ops.activation import silu_and_mul
-from engine.core.ops.moe import fused_moe
 from engine.core.ops.registry import CallSite
 
 from .config import ModelConfig
+from .experts import Experts
 from .layers import Linear, stack_rows
-from .weights import QuantizedWeight
 
 
 class GatedMLP:
@@ -38,13 +37,8 @@ class SparseMoE:
         mixtral = prefix + "block_sparse_moe.gate.weight" in w
         base = prefix + ("block_sparse_moe." if mixtral else "mlp.")
         names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
-        experts = [[w[f"{base}experts.{e}.{n}.weight"] for n in names] for e in range(cfg.num_experts)]
-        if any(isinstance(t, QuantizedWeight) for ex in experts for t in ex):
-            raise ValueError("quantized MoE experts are not supported yet; load the model with dequantize=True")
+        self.experts = Experts([[w[f"{base}experts.{e}.{n}.weight"] for n in names] for e in range(cfg.num_experts)])
         self.router = Linear(w[base + "gate.weight"])
-        self.moe = CallSite(fused_moe)
-        self.w13 = torch.stack([torch.cat([g, u]) for g, u, _ in experts])
-        self.w2 = torch.stack([d for _, _, d in experts])
         self.top_k = cfg.num_experts_per_tok
         self.renormalize = True if mixtral else cfg.norm_topk_prob
         self.shared = None
@@ -54,7 +48,7 @@ class SparseMoE:
             self.shared_gate = Linear(w[base + "shared_expert_gate.weight"])
 
     def __call__(self, key, x: torch.Tensor) -> torch.Tensor:
-        out = self.moe(key, x, self.w13, self.w2, self.router(key, x), self.top_k, self.renormalize)
+        out = self.experts(key, x, self.router(key, x), self.top_k, self.renormalize)
         if self.shared is not None:
             out = out + torch.sigmoid(self.shared_gate(key, x)) * self.shared(key, x)
         return out

@@ -62,8 +62,10 @@ def quantize(w: torch.Tensor, how: str) -> tuple[torch.Tensor, torch.Tensor]:
     return q, s
 
 
-def dequantize(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    if s.numel() == 1 or s.shape[-1] == 1:
+def dequantize(q: torch.Tensor, s: torch.Tensor, how: str | None = None) -> torch.Tensor:
+    """``how`` ("tensor", "channel" or "block") where the scale's shape alone is ambiguous ([2, 1]: two row blocks of
+    a matrix at most 128 wide, or two rows' channel scales)."""
+    if how != "block" and (s.numel() == 1 or s.shape[-1] == 1):
         return q.float() * s.reshape(-1, 1) if s.numel() > 1 else q.float() * s
     return q.float() * s.repeat_interleave(128, 0)[:q.shape[0]].repeat_interleave(128, 1)[:, :q.shape[1]]
 

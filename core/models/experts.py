@@ -1,0 +1,52 @@
+"""A MoE layer's routed experts as one stacked set of weights, run by ``fused_moe`` or, for experts kept in FP8 (W8A8
+checkpoints with per-tensor or per-channel weight scales and dynamic per-token activations), ``fused_moe_fp8``."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.ops.moe import fused_moe
+from engine.core.ops.moe_fp8 import fused_moe_fp8
+from engine.core.ops.registry import CallSite
+
+from .weights import Fp8Weight, Weight
+
+
+def _row_scales(w: Fp8Weight) -> torch.Tensor:
+    """The weight's scale as one fp32 scale per output row, [rows, 1] (a per-tensor scale repeated)."""
+    return w.scale.float().reshape(-1, 1).expand(w.q.shape[0], 1)
+
+
+class Experts:
+    """``experts[e] = [gate, up, down]`` weights; ``__call__(key, x, router_logits, top_k, renormalize)``."""
+
+    def __init__(self, experts: list[list[Weight]]):
+        flat = [t for ex in experts for t in ex]
+        self.fp8 = all(isinstance(t, Fp8Weight) for t in flat)
+        if self.fp8:
+            if any(t.granularity == "block" or t.input_scale is not None or t.act_group for t in flat):
+                raise ValueError("FP8 experts run with per-tensor or per-channel weight scales and dynamic per-token "
+                                 "activations; the loader dequantizes others")
+            self.w13 = torch.stack([torch.cat([g.q, u.q]) for g, u, _ in experts])
+            self.w13_scale = torch.stack([torch.cat([_row_scales(g), _row_scales(u)]) for g, u, _ in experts])
+            self.w2 = torch.stack([d.q for _, _, d in experts])
+            self.w2_scale = torch.stack([_row_scales(d) for _, _, d in experts])
+            self.site = CallSite(fused_moe_fp8)
+        elif all(isinstance(t, torch.Tensor) for t in flat):
+            self.w13 = torch.stack([torch.cat([g, u]) for g, u, _ in experts])
+            self.w2 = torch.stack([d for _, _, d in experts])
+            self.site = CallSite(fused_moe)
+        else:
+            kinds = sorted({type(t).__name__ for t in flat})
+            raise ValueError(f"MoE experts of these weight kinds are not supported: {kinds}; load the model with "
+                             "dequantize=True")
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+    def __call__(self, key, x: torch.Tensor, router_logits: torch.Tensor, top_k: int, renormalize: bool):
+        if self.fp8:
+            return self.site(key, x, self.w13, self.w13_scale, self.w2, self.w2_scale, router_logits, top_k,
+                             renormalize)
+        return self.site(key, x, self.w13, self.w2, router_logits, top_k, renormalize)
