@@ -11,7 +11,8 @@ from .errors import ModelLoadError
 
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+                "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
+                "deepseek_v3": "DeepseekV3ForCausalLM"}
 
 
 def read_json(path: str) -> dict:
@@ -92,8 +93,8 @@ def _build(cfg: dict, arch: str) -> ModelConfig:
                    mlp_only_layers=[int(i) for i in cfg.get("mlp_only_layers") or []])
         if arch == "qwen2_moe":
             moe["shared_expert_intermediate_size"] = int(cfg["shared_expert_intermediate_size"])
-    elif arch == "deepseek_v3":
-        moe = _deepseek(cfg)
+    elif arch in ("deepseek_v2", "deepseek_v3"):
+        moe = _deepseek(cfg, arch)
     if moe:
         moe["num_experts_per_tok"] = int(cfg["num_experts_per_tok"])
     eos = as_id_list(cfg.get("eos_token_id"))
@@ -101,7 +102,7 @@ def _build(cfg: dict, arch: str) -> ModelConfig:
         arch=arch, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
         intermediate_size=int(cfg.get("intermediate_size") or 0), num_layers=int(cfg["num_hidden_layers"]),
         num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]) if arch == "deepseek_v3"
+        head_dim=int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]) if arch.startswith("deepseek")
         else int(cfg.get("head_dim") or (hidden // heads if heads else 0)),
         max_position=_context_length(cfg), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta, rope_scaling=scaling, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -109,23 +110,33 @@ def _build(cfg: dict, arch: str) -> ModelConfig:
         bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos, **moe)
 
 
-def _deepseek(cfg: dict) -> dict:
-    """DeepSeek-V3's MoE and MLA fields (the routing HF's DeepseekV3 implements: sigmoid scores, grouped top-k)."""
+def _deepseek(cfg: dict, arch: str) -> dict:
+    """DeepSeek-V2/V3's MoE and MLA fields, routed as HF's DeepseekV2/V3 do: V3 sigmoid scores with a bias for the
+    choice, groups ranked by their two best, renormalized if norm_topk_prob; V2 softmax scores, greedy or groups
+    ranked by their best ("group_limited_greedy"), never renormalized; both scaled by routed_scaling_factor."""
     if cfg.get("attention_bias"):
-        raise ValueError("attention_bias=true: DeepSeek-V3 with projection biases is not supported")
-    scoring = cfg.get("scoring_func", "sigmoid")
-    if scoring != "sigmoid":
-        raise ValueError(f"scoring_func {scoring!r}: only DeepSeek-V3's sigmoid routing is supported")
+        raise ValueError("attention_bias=true: DeepSeek models with projection biases are not supported")
+    v3 = arch == "deepseek_v3"
+    scoring = cfg.get("scoring_func", "sigmoid" if v3 else "softmax")
+    if scoring != ("sigmoid" if v3 else "softmax"):
+        raise ValueError(f"scoring_func {scoring!r}: {arch} routes with {'sigmoid' if v3 else 'softmax'} scores")
+    groups = dict(n_group=int(cfg.get("n_group") or 1), topk_group=int(cfg.get("topk_group") or 1))
+    if not v3:
+        method = cfg.get("topk_method", "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ValueError(f"topk_method {method!r}: DeepSeek-V2 routes 'greedy' or 'group_limited_greedy'")
+        if method == "greedy":
+            groups = dict(n_group=1, topk_group=1)
     inter = int(cfg["moe_intermediate_size"])
     return dict(num_experts=int(cfg["n_routed_experts"]), moe_intermediate_size=inter,
                 shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts") or 0),
-                norm_topk_prob=bool(cfg.get("norm_topk_prob", True)), n_group=int(cfg.get("n_group") or 1),
-                topk_group=int(cfg.get("topk_group") or 1),
+                router_scoring=scoring, norm_topk_prob=v3 and bool(cfg.get("norm_topk_prob", True)), **groups,
                 routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
                 first_k_dense_replace=int(cfg.get("first_k_dense_replace", 0)),
                 q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
                 qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
-                v_head_dim=int(cfg["v_head_dim"]), rope_interleave=bool(cfg.get("rope_interleave", True)))
+                v_head_dim=int(cfg["v_head_dim"]),
+                rope_interleave=bool(cfg.get("rope_interleave", True)) if v3 else True)  # V2: complex = pairs
 
 
 def _context_length(cfg: dict) -> int:

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 DENSE_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
                "Qwen3ForCausalLM": "qwen3"}
 MOE_ARCHS = {"MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe"}
-MLA_ARCHS = {"DeepseekV3ForCausalLM": "deepseek_v3"}  # multi-head latent attention + DeepSeek MoE
+MLA_ARCHS = {"DeepseekV2ForCausalLM": "deepseek_v2",  # multi-head latent attention + DeepSeek MoE
+             "DeepseekV3ForCausalLM": "deepseek_v3"}
 SUPPORTED_ARCHS = {**DENSE_ARCHS, **MOE_ARCHS, **MLA_ARCHS}
 
 
@@ -39,8 +40,10 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's gated shared expert
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
-    # DeepSeek MoE: sigmoid scores, top-k within the best topk_group of n_group expert groups (chosen with a
-    # per-expert score bias), weights scaled by routed_scaling_factor; dense MLPs below first_k_dense_replace
+    # DeepSeek MoE: router scores (V3: sigmoid, plus a per-expert bias for the choice; V2: softmax), top-k within
+    # the best topk_group of n_group expert groups, weights scaled by routed_scaling_factor; dense MLPs below
+    # first_k_dense_replace
+    router_scoring: str = "sigmoid"
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0

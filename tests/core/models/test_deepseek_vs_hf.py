@@ -24,14 +24,18 @@ BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermed
             routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16, v_head_dim=24,
             qk_nope_head_dim=20, n_group=4, topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1,
             norm_topk_prob=True, max_position_embeddings=256, tie_word_embeddings=False)
-VARIANTS = {
-    "v3": {},
+V2 = dict(q_lora_rank=None, topk_method="greedy", n_group=1, topk_group=1)
+VARIANTS = {  # name: (family, overrides)
+    "v3": ("V3", {}),
     # DeepSeek-V2-Lite's shape: queries from one projection; rotary on halves; no grouping; two shared experts
-    "no_q_lora": dict(q_lora_rank=None, rope_interleave=False, n_group=1, topk_group=1, n_shared_experts=2,
-                      norm_topk_prob=False, routed_scaling_factor=1.0),
-    "yarn": dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                  "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
-                                  "mscale": 0.707, "mscale_all_dim": 0.707}, first_k_dense_replace=0),
+    "no_q_lora": ("V3", dict(q_lora_rank=None, rope_interleave=False, n_group=1, topk_group=1, n_shared_experts=2,
+                             norm_topk_prob=False, routed_scaling_factor=1.0)),
+    "yarn": ("V3", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                         "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+                                         "mscale": 0.707, "mscale_all_dim": 0.707}, first_k_dense_replace=0)),
+    # DeepSeek-V2-Lite's routing (softmax, greedy, no renormalization) and V2's grouped variant
+    "v2_greedy": ("V2", V2),
+    "v2_grouped": ("V2", dict(V2, q_lora_rank=48, topk_method="group_limited_greedy", n_group=4, topk_group=2)),
 }
 
 
@@ -39,15 +43,16 @@ def _seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def build(path, **overrides):
-    cfg = transformers.DeepseekV3Config(**{**BASE, **overrides})
+def build(path, family="V3", **overrides):
+    cfg = getattr(transformers, f"Deepseek{family}Config")(**{**BASE, **overrides})
     torch.manual_seed(_seed())
-    model = transformers.DeepseekV3ForCausalLM(cfg).eval()
+    model = getattr(transformers, f"Deepseek{family}ForCausalLM")(cfg).eval()
     with torch.no_grad():  # routers that really choose (the default init leaves the bias at zero)
         for layer in model.model.layers:
             if hasattr(layer.mlp, "gate"):
                 layer.mlp.gate.weight.normal_(0, 0.5)
-                layer.mlp.gate.e_score_correction_bias.normal_(0, 0.3)
+                if hasattr(layer.mlp.gate, "e_score_correction_bias"):
+                    layer.mlp.gate.e_score_correction_bias.normal_(0, 0.3)
     model.save_pretrained(path)
     _save_tokenizer(path)
     return model
@@ -55,7 +60,8 @@ def build(path, **overrides):
 
 @pytest.fixture(params=sorted(VARIANTS))
 def tiny(request, tmp_path):
-    return request.param, build(tmp_path, **VARIANTS[request.param]), tmp_path
+    family, overrides = VARIANTS[request.param]
+    return request.param, build(tmp_path, family, **overrides), tmp_path
 
 
 def assert_greedy_under_transformers(model, ids: list[int], tokens: list[int], name: str) -> None:
@@ -112,16 +118,23 @@ def test_a_prefix_from_cached_blocks_gives_the_same_tokens(tmp_path):
     assert_greedy_under_transformers(hf, second, out.outputs[0].token_ids, "prefix")
 
 
-def test_grouped_topk_matches_transformers_router():
-    cfg = transformers.DeepseekV3Config(**BASE)
-    router = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3TopkRouter(cfg)
+@pytest.mark.parametrize("family", ["V2", "V3"])
+def test_grouped_topk_matches_transformers_router(family):
+    module = getattr(transformers.models, f"deepseek_{family.lower()}")
+    modeling = getattr(module, f"modeling_deepseek_{family.lower()}")
+    extra = dict(topk_method="group_limited_greedy") if family == "V2" else {}
+    cfg = getattr(transformers, f"Deepseek{family}Config")(**{**BASE, **extra})
+    router = getattr(modeling, f"Deepseek{family}TopkRouter")(cfg)
     gen = torch.Generator().manual_seed(_seed())
     with torch.no_grad():
         router.weight.copy_(torch.randn(router.weight.shape, generator=gen))
-        router.e_score_correction_bias.copy_(torch.randn(8, generator=gen) * 0.3)
+        bias = None
+        if family == "V3":
+            bias = router.e_score_correction_bias
+            bias.copy_(torch.randn(8, generator=gen) * 0.3)
         x = torch.randn(50, 64, generator=gen)
         logits, want_w, want_ids = router(x)
-    w, ids = grouped_topk(logits, router.e_score_correction_bias, 2, 4, 2, True, 2.5)
+    w, ids = grouped_topk(logits, bias, 2, 4, 2, family == "V3", 2.5, "sigmoid" if family == "V3" else "softmax")
     order, want_order = ids.argsort(-1), want_ids.argsort(-1)
     assert torch.equal(ids.gather(1, order), want_ids.gather(1, want_order))
     torch.testing.assert_close(w.gather(1, order), want_w.gather(1, want_order))
