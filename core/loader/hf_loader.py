@@ -8,10 +8,11 @@ import re
 
 import torch
 
-from engine.core.models.weights import Fp8Weight, QuantizedWeight, dense_weight, weight_bytes
+from engine.core.models.weights import Fp8Weight, Nvfp4Weight, QuantizedWeight, dense_weight, weight_bytes
 
 from .errors import ModelLoadError
 from .hf_config import hf_config, read_json
+from .hf_nvfp4 import modelopt_config
 from .hf_quant import quant_scheme
 from .hf_tokenizer import hf_tokenizer
 from .safetensors_weights import load_safetensors, safetensors_files
@@ -26,7 +27,7 @@ def load_hf(model_dir: str, dtype: torch.dtype):
     config = hf_config(model_dir)
     files = safetensors_files(model_dir)
     tokenizer = hf_tokenizer(model_dir, config.eos_token_ids)
-    qc = read_json(os.path.join(model_dir, "config.json")).get("quantization_config")
+    qc = read_json(os.path.join(model_dir, "config.json")).get("quantization_config") or modelopt_config(model_dir)
     scheme = quant_scheme(qc, model_dir) if qc else None
     # Layers past num_hidden_layers are not the model's: DeepSeek-V3 ships its multi-token-prediction layer there.
     def past_the_last_layer(name: str) -> bool:
@@ -46,9 +47,9 @@ def load_hf(model_dir: str, dtype: torch.dtype):
 def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dtype) -> dict:
     """The quantized checkpoint's weights with each quantized matrix as one object, said at INFO level."""
     weights = scheme.pack(weights, model_dir)
-    quantized = {n: w for n, w in weights.items() if isinstance(w, (Fp8Weight, QuantizedWeight))}
+    quantized = {n: w for n, w in weights.items() if isinstance(w, (Fp8Weight, Nvfp4Weight, QuantizedWeight))}
     experts = [n for n in quantized if ".experts." in n]
-    if any(isinstance(quantized[n], QuantizedWeight) for n in experts):
+    if any(isinstance(quantized[n], (QuantizedWeight, Nvfp4Weight)) for n in experts):
         raise ModelLoadError(f"{model_dir}: 4-bit MoE experts ({experts[0]}, ...) are not read from checkpoints "
                              "yet (issue 27); use the unquantized checkpoint or a GGUF file")
     # fused_moe_fp8 takes per-tensor / per-channel weight scales with dynamic per-token activations; other FP8

@@ -25,7 +25,7 @@ from engine.core.models.weights import Fp8Weight
 from .errors import ModelLoadError
 
 SUPPORTED = ("fp8 (128x128 blocks), fbgemm_fp8, compressed-tensors float-quantized W8A8 and pack-quantized W4A16, "
-             "gptq and awq 4-bit")
+             "gptq and awq 4-bit, modelopt NVFP4 and FP8")
 _SCALE_SUFFIXES = ("weight_scale", "weight_scale_inv", "input_scale", "input_scale_ub", "k_scale", "v_scale")
 
 
@@ -99,6 +99,10 @@ def quant_scheme(qc: dict, source: str):
         return Fp8Scheme("weight_scale", description="FP8 per channel, per-token activations")
     if method == "compressed-tensors":
         return _compressed_tensors(qc, source)
+    if method == "modelopt":
+        from .hf_nvfp4 import modelopt_scheme
+
+        return modelopt_scheme(qc, source)
     if method in ("gptq", "awq"):
         from .hf_int4 import int4_scheme
 

@@ -11,9 +11,10 @@ from engine.core.ops.fp8_quant import fp8_quantize_per_token
 from engine.core.ops.gguf_q8act import gguf_linear_q8act
 from engine.core.ops.gguf_quant import gguf_dequantize, gguf_linear
 from engine.core.ops.linear import linear
-from engine.core.ops.registry import CallSite
+from engine.core.ops.nvfp4 import nvfp4_linear, nvfp4_linear_w4a4
+from engine.core.ops.registry import CallSite, active_registry
 
-from .weights import Fp8Weight, QuantizedWeight, Weight
+from .weights import Fp8Weight, Nvfp4Weight, QuantizedWeight, Weight
 
 
 class Linear:
@@ -21,13 +22,17 @@ class Linear:
     kernel (the dense ``linear`` op's or a quantized one's) is looked up once per step shape instead of dispatched
     on every call. A platform with no dense kernel runs the op's reference, torch's F.linear."""
 
-    __slots__ = ("w", "bias", "site", "raw", "qtype", "cols", "quantized", "fp8", "quant", "fp8_name")
+    __slots__ = ("w", "bias", "site", "raw", "qtype", "cols", "quantized", "fp8", "quant", "fp8_name", "nvfp4",
+                 "w4a4", "use_w4a4", "_w4a4_for")
 
     def __init__(self, w: Weight, bias: torch.Tensor | None = None):
         self.w, self.bias = w, bias
         self.quantized = isinstance(w, QuantizedWeight)
         self.fp8 = isinstance(w, Fp8Weight)
-        if self.quantized:
+        self.nvfp4 = isinstance(w, Nvfp4Weight)
+        if self.nvfp4:
+            self.site, self.w4a4, self._w4a4_for = CallSite(nvfp4_linear), CallSite(nvfp4_linear_w4a4), None
+        elif self.quantized:
             self.site = CallSite(gguf_linear_q8act if w.quantize_activations else gguf_linear)
             self.raw, self.qtype, self.cols = w.raw, w.qtype, w.cols
         elif self.fp8:
@@ -40,6 +45,8 @@ class Linear:
     def __call__(self, key, x: torch.Tensor) -> torch.Tensor:
         if self.fp8:
             return self._fp8(key, x)
+        if self.nvfp4:
+            return self._nvfp4(key, x)
         if not self.quantized:
             return self.site(key, x, self.w, self.bias)
         y = self.site(key, x, self.raw, self.qtype, self.cols)
@@ -52,6 +59,22 @@ class Linear:
         else:  # static: the checkpoint's calibrated per-tensor scale
             x_q, x_scale = quantize_static(x, w.input_scale, w.q.dtype), w.input_scale
         return self.site(key, x_q, x_scale, w.q, w.scale, self.bias, x.dtype)
+
+
+    def _nvfp4(self, key, x: torch.Tensor) -> torch.Tensor:
+        """W4A4 (activations quantized with the checkpoint's input scale) where the platform has a kernel for it
+        (FP4 tensor cores), else W4A16 on the dequantized weight, as vLLM runs NVFP4 checkpoints on other GPUs."""
+        w = self.w
+        registry = active_registry()
+        if self._w4a4_for != (registry, registry.epoch):
+            args = (x, w.input_global_scale, w.packed, w.block_scale, w.global_scale, self.bias)
+            chosen = w.input_global_scale is not None and next(
+                i for i, why in registry.explain(nvfp4_linear_w4a4, args) if why is None)
+            self._w4a4_for = (registry, registry.epoch)
+            self.use_w4a4 = chosen not in (False, nvfp4_linear_w4a4.reference_impl)
+        if self.use_w4a4:
+            return self.w4a4(key, x, w.input_global_scale, w.packed, w.block_scale, w.global_scale, self.bias)
+        return self.site(key, x, w.packed, w.block_scale, w.global_scale, self.bias)
 
 
 class Embedding:
@@ -74,6 +97,8 @@ def stack_rows(*ws: Weight) -> Weight | None:
         return torch.cat(ws) if len({(w.shape[1], w.dtype) for w in ws}) == 1 else None
     if all(isinstance(w, Fp8Weight) for w in ws):
         return stack_fp8(ws)
+    if all(isinstance(w, Nvfp4Weight) for w in ws):
+        return stack_nvfp4(ws)
     if not all(isinstance(w, QuantizedWeight) for w in ws):
         return None
     first = ws[0]
@@ -113,3 +138,17 @@ def stack_fp8(ws) -> Fp8Weight | None:
     else:
         return None
     return Fp8Weight(torch.cat([w.q for w in ws]), scale.contiguous(), first.act_group, first.input_scale)
+
+
+def stack_nvfp4(ws) -> Nvfp4Weight | None:
+    """NVFP4 matrices as one where they share their per-tensor and input scales (ModelOpt calibrates q/k/v and
+    gate/up alike in most checkpoints; where not, they stay separate GEMMs)."""
+    first = ws[0]
+    same = all(torch.equal(w.global_scale, first.global_scale) and w.packed.shape[1] == first.packed.shape[1]
+               and (w.input_global_scale is None) == (first.input_global_scale is None)
+               and (w.input_global_scale is None or torch.equal(w.input_global_scale, first.input_global_scale))
+               for w in ws)
+    if not same:
+        return None
+    return Nvfp4Weight(torch.cat([w.packed for w in ws]), torch.cat([w.block_scale for w in ws]), first.global_scale,
+                       first.input_global_scale)

@@ -48,7 +48,25 @@ class Fp8Weight:
         return "channel" if tuple(self.scale.shape) == (self.q.shape[0], 1) else "block"
 
 
-Weight = torch.Tensor | QuantizedWeight | Fp8Weight
+@dataclass
+class Nvfp4Weight:
+    """A [rows, cols] matrix kept in NVFP4 as ModelOpt exports it, used through ops.nvfp4_linear (W4A16) or, where
+    the platform has FP4 tensor cores, ops.nvfp4_linear_w4a4 with the checkpoint's calibrated activation scale.
+    ``packed`` uint8 [rows, cols/2] (two e2m1 codes a byte, low nibble first), ``block_scale`` float8_e4m3fn
+    [rows, cols/16], ``global_scale`` fp32 one element in the ops' convention (``1 / weight_scale_2``: the
+    dequantized weight is ``e2m1 * block_scale / global_scale``), ``input_global_scale`` ``1 / input_scale``."""
+
+    packed: torch.Tensor
+    block_scale: torch.Tensor
+    global_scale: torch.Tensor
+    input_global_scale: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.packed.shape[0], self.packed.shape[1] * 2)
+
+
+Weight = torch.Tensor | QuantizedWeight | Fp8Weight | Nvfp4Weight
 
 
 def to_device(w: Weight, device: torch.device) -> Weight:
@@ -60,6 +78,11 @@ def to_device(w: Weight, device: torch.device) -> Weight:
             return w
         return dataclasses.replace(w, q=w.q.to(device), scale=w.scale.to(device), input_scale=None
                                    if w.input_scale is None else w.input_scale.to(device))
+    if isinstance(w, Nvfp4Weight):
+        if w.packed.device == device:
+            return w
+        return Nvfp4Weight(*(None if t is None else t.to(device) for t in (w.packed, w.block_scale, w.global_scale,
+                                                                         w.input_global_scale)))
     return w if w.device == device else w.to(device)
 
 
@@ -69,6 +92,8 @@ def weight_bytes(w: Weight) -> int:
         return w.raw.nbytes
     if isinstance(w, Fp8Weight):
         return w.q.nbytes + w.scale.nbytes + (0 if w.input_scale is None else w.input_scale.nbytes)
+    if isinstance(w, Nvfp4Weight):
+        return w.packed.nbytes + w.block_scale.nbytes + 8
     return w.nbytes
 
 
@@ -81,6 +106,11 @@ def dense_weight(w: Weight, dtype: torch.dtype) -> torch.Tensor:
             rows, cols = w.q.shape
             scale = scale.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
         return (w.q.float() * scale).to(dtype)
+    if isinstance(w, Nvfp4Weight):
+        from engine.core.ops.nvfp4 import e2m1_decode, unpack
+
+        scale = w.block_scale.float().repeat_interleave(16, dim=1) / w.global_scale.float().reshape(())
+        return (e2m1_decode(unpack(w.packed)) * scale).to(dtype)
     if isinstance(w, QuantizedWeight):
         raise ValueError("a GGUF-quantized weight cannot be used where a plain matrix is needed (MLA's kv_b_proj); "
                          "load the model with dequantize=True")
