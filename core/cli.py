@@ -13,7 +13,7 @@ def _doctor(args) -> int:
     from .doctor import main
 
     resume_gc()
-    return main(args.platform or os.environ.get("ENGINE_PLATFORM") or None, args.json)
+    return main(args.platform or os.environ.get("ENGINE_PLATFORM") or None, args.json, args.model, args.dtype)
 
 
 def _generate(args) -> int:
@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="show every platform plugin, the selected one, and each op's kernel")
     doctor.add_argument("--platform", help="force a platform (same as ENGINE_PLATFORM)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--model", help="also load this checkpoint on the host (a *.gguf file or an HF directory; "
+                                        "'default': the built-in model) and say what stays quantized and the memory")
+    doctor.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
+                        help="the activation dtype the model is described for (with --model)")
     doctor.set_defaults(func=_doctor)
     for p in sub.choices.values():  # every subcommand's --help shows its defaults
         p.formatter_class = _DefaultsFormatter
@@ -114,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         command = f"engine {args.command}"
+        if argv is None:
+            _show_engine_log()
         return args.func(args)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C during shutdown must not print either
@@ -128,6 +134,23 @@ def main(argv: list[str] | None = None) -> int:
         return USER_ERROR
     finally:
         resume_gc()
+
+
+def _show_engine_log() -> None:
+    """The engine's own log lines on stderr for a command-line run: what a load kept quantized or expanded and the
+    memory, whose sampling defaults apply (INFO); ENGINE_LOG_LEVEL=WARNING keeps only warnings."""
+    import logging
+
+    logger = logging.getLogger("engine")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+        level = os.environ.get("ENGINE_LOG_LEVEL", "INFO").upper()
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"ENGINE_LOG_LEVEL={level!r}: use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        logger.setLevel(level)
 
 
 def _silence_stdout() -> None:

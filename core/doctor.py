@@ -109,13 +109,29 @@ def format_text(info: dict, error: str | None) -> str:
     return "\n".join(lines)
 
 
-def main(forced: str | None, as_json: bool) -> int:
+def main(forced: str | None, as_json: bool, model: str | None = None, dtype: str = "bfloat16") -> int:
+    """The platform report; with ``model``, also what that checkpoint becomes in memory (loader/describe.py)."""
     import json
 
     info, error = report(forced)
+    if model is not None:
+        from .loader import ModelLoadError
+        from .loader.describe import describe
+
+        try:
+            info["model"] = describe(model, getattr(torch, dtype))
+        except ModelLoadError as exc:
+            info["model"] = {"error": str(exc)}
+            error = error or str(exc)
     if as_json:
         info["error"] = error
         print(json.dumps(info, indent=2, default=str))
     else:
-        print(format_text(info, error), file=sys.stdout)
+        text = format_text(info, error if model is None or "error" not in info.get("model", {}) else None)
+        if model is not None:
+            from .loader.describe import format_summary
+
+            text += "\n\n" + ("\n".join(format_summary(info["model"])) if "error" not in info["model"]
+                                else f"Model: error: {info['model']['error']}")
+        print(text, file=sys.stdout)
     return 2 if error else 0
