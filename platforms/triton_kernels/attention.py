@@ -70,6 +70,34 @@ _INTERPRETER_SMS = 16  # a stand-in SM count under the interpreter (no device to
 
 
 @triton.jit
+def _online_softmax_step(s, m_i, l_i, acc, v, PREC: tl.constexpr):
+    """One key tile of an online softmax: scores ``s`` [M, N] in the log2 domain (masked keys at -inf, at least one
+    key finite per row), values ``v`` [N, D]; returns the new running max, sum and unnormalised accumulator."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _store_decode(out_ptr, m_ptr, l_ptr, acc_ptr, m_i, l_i, acc, b, heads, h_mask, offs_d, d_mask, part, num_parts,
+                  NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr):
+    """A decode program's result: with split-KV its partition's max, sum and accumulator into the [B, Hq, P]
+    workspaces (acc [B, Hq, P, D]) for the reduce kernel, else the normalised output [B, Hq, D]."""
+    out_mask = h_mask[:, None] & d_mask[None, :]
+    if SPLIT:
+        ws = (b * NUM_Q_HEADS + heads) * num_parts + part
+        tl.store(m_ptr + ws, m_i, mask=h_mask)
+        tl.store(l_ptr + ws, l_i, mask=h_mask)
+        tl.store(acc_ptr + ws[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
+    else:
+        tl.store(out_ptr + (b * NUM_Q_HEADS + heads[:, None]) * HEAD_DIM + offs_d[None, :],
+                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
     qk_scale,  # scale * log2(e): scores live in the log2 domain (exp2)
@@ -127,24 +155,10 @@ def _decode_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds at least one valid token
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
-
-    out_mask = g_mask[:, None] & d_mask[None, :]
-    if SPLIT:
-        ws = (b * NUM_Q_HEADS + heads) * num_parts + part  # [B, Hq, P] workspaces, acc [B, Hq, P, D]
-        tl.store(m_ptr + ws, m_i, mask=g_mask)
-        tl.store(l_ptr + ws, l_i, mask=g_mask)
-        tl.store(acc_ptr + ws[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
-    else:
-        out = acc / l_i[:, None]
-        tl.store(out_ptr + (b * NUM_Q_HEADS + heads[:, None]) * HEAD_DIM + offs_d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
+        s = tl.where(valid[None, :], s, float("-inf"))  # every tile holds at least one valid token
+        m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, v, PREC)
+    _store_decode(out_ptr, m_ptr, l_ptr, acc_ptr, m_i, l_i, acc, b, heads, g_mask, offs_d, d_mask, part, num_parts,
+                  NUM_Q_HEADS, HEAD_DIM, SPLIT)
 
 
 @triton.jit
@@ -221,12 +235,8 @@ def _prefill_tile(q, m_i, l_i, acc, k_head, v_head, bt_row, stride_btn, stride_k
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     if MASKED:
         s = tl.where((tok[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key 0 <= every row's position is in the first tile
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-    return m_new, l_i, acc
+    # finite row maxima: key 0 <= every row's position is in the first tile
+    return _online_softmax_step(s, m_i, l_i, acc, v, PREC)
 
 
 @triton.jit

@@ -21,7 +21,16 @@ import triton.language as tl
 from engine.core.ops.mla import mla_decode as mla_decode_op
 
 from . import sm_count
-from .attention import _LOG2E, _cdiv, _decode_reduce_kernel, _dot_options, _pow2, decode_partitions
+from .attention import (
+    _LOG2E,
+    _cdiv,
+    _decode_reduce_kernel,
+    _dot_options,
+    _online_softmax_step,
+    _pow2,
+    _store_decode,
+    decode_partitions,
+)
 
 PRIORITY = 10
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -87,23 +96,10 @@ def _mla_decode_kernel(
             if UPCAST:
                 kv_r = kv_r.to(tl.float32)
             s += tl.dot(q_r, tl.trans(kv_r), input_precision=PREC)
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds at least one valid token
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(kv_v.dtype), kv_v, input_precision=PREC)
-        m_i = m_new
-
-    out_mask = h_mask[:, None] & v_mask[None, :]
-    if SPLIT:
-        ws = (b * NUM_HEADS + heads) * num_parts + part  # [B, H, P] workspaces, acc [B, H, P, V_DIM]
-        tl.store(m_ptr + ws, m_i, mask=h_mask)
-        tl.store(l_ptr + ws, l_i, mask=h_mask)
-        tl.store(acc_ptr + ws[:, None] * V_DIM + offs_v[None, :], acc, mask=out_mask)
-    else:
-        tl.store(out_ptr + (b * NUM_HEADS + heads[:, None]) * V_DIM + offs_v[None, :],
-                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))  # every tile holds at least one valid token
+        m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, kv_v, PREC)
+    _store_decode(out_ptr, m_ptr, l_ptr, acc_ptr, m_i, l_i, acc, b, heads, h_mask, offs_v, v_mask, part, num_parts,
+                  NUM_HEADS, V_DIM, SPLIT)
 
 
 def mla_decode_config(v_dim: int, rest: int, dtype: torch.dtype, interpreting: bool) -> dict:
