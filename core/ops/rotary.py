@@ -66,6 +66,9 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 def _yarn_inv_freq(inv_freq: torch.Tensor, dim: int, base: float, max_pos: int, s: dict) -> tuple[torch.Tensor, float]:
     """YaRN (arXiv 2309.00071) as HF transformers computes it: frequencies between the interpolated (/ factor) and
     the original ones along a linear ramp between the correction dims of beta_fast and beta_slow rotations."""
+    if not s.get("original_max_position_embeddings"):
+        raise ValueError("build_cos_sin_cache: yarn rope scaling needs original_max_position_embeddings (the "
+                         "pretraining context); the model's config lacks it")
     old_ctx = float(s["original_max_position_embeddings"])
     factor = float(s.get("factor") or max_pos / old_ctx)
     attention = s.get("attention_factor")
@@ -90,6 +93,9 @@ def _yarn_inv_freq(inv_freq: torch.Tensor, dim: int, base: float, max_pos: int, 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    if not s.get("original_max_position_embeddings"):
+        raise ValueError("build_cos_sin_cache: yarn rope scaling needs original_max_position_embeddings (the "
+                         "pretraining context); the model's config lacks it")
     old_ctx = float(s["original_max_position_embeddings"])
     wavelen = 2 * math.pi / inv_freq
     smooth = (old_ctx / wavelen - low) / (high - low)

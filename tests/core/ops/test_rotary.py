@@ -116,7 +116,9 @@ def test_cos_sin_cache_llama3(rot_dim, base, scaling):
 
 
 def test_cos_sin_cache_rejects_unknown_scaling():
-    with pytest.raises(ValueError, match="yarn"):
+    with pytest.raises(ValueError, match="longrope"):
+        build_cos_sin_cache(16, 64, 10000.0, scaling={"rope_type": "longrope", "factor": 4.0})
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
         build_cos_sin_cache(16, 64, 10000.0, scaling={"rope_type": "yarn", "factor": 4.0})
     with pytest.raises(ValueError, match="even"):
         build_cos_sin_cache(16, 63, 10000.0)
@@ -151,3 +153,25 @@ def test_bad_inputs(gen):
 def test_opcheck(gen):
     """torch.library.opcheck: schema (incl. mutation), fake impl vs real outputs, dynamic-shape tracing."""
     torch.library.opcheck(op.torch_op, op.make_inputs(op.cases[0].params, torch.float32, "cpu", gen))
+
+
+@pytest.mark.parametrize("params", [
+    {"factor": 40.0, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+     "mscale_all_dim": 1.0},  # DeepSeek-V3's kind (mscale_all_dim apart)
+    {"factor": 4.0, "original_max_position_embeddings": 128},  # defaults: beta 32/1, attention factor from factor
+    {"factor": 2.0, "original_max_position_embeddings": 256, "attention_factor": 1.3, "truncate": False},
+], ids=["deepseek", "defaults", "attention_factor"])
+def test_cos_sin_cache_yarn_matches_transformers(params):
+    """YaRN's frequencies and cos/sin factor against transformers' own computation (its fp32 frequencies: 1e-4 at
+    the table's far end)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, **params}
+    cfg = transformers.LlamaConfig(hidden_size=256, num_attention_heads=4, max_position_embeddings=1024,
+                                   rope_parameters=rope)
+    inv_freq, attention = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    freqs = torch.arange(1024, dtype=torch.float64)[:, None] * inv_freq.double()[None]
+    want = torch.cat([freqs.cos(), freqs.sin()], -1) * attention
+    got = build_cos_sin_cache(1024, 64, 10000.0, torch.float64, rope)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
