@@ -49,26 +49,40 @@ def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dty
     weights = scheme.pack(weights, model_dir)
     quantized = {n: w for n, w in weights.items() if isinstance(w, (Fp8Weight, Nvfp4Weight, QuantizedWeight))}
     experts = [n for n in quantized if ".experts." in n]
-    if any(isinstance(quantized[n], (QuantizedWeight, Nvfp4Weight)) for n in experts):
-        raise ModelLoadError(f"{model_dir}: 4-bit MoE experts ({experts[0]}, ...) are not read from checkpoints "
+    if any(isinstance(quantized[n], QuantizedWeight) for n in experts):
+        raise ModelLoadError(f"{model_dir}: INT4 MoE experts ({experts[0]}, ...) are not read from checkpoints "
                              "yet (issue 27); use the unquantized checkpoint or a GGUF file")
-    # fused_moe_fp8 takes per-tensor / per-channel weight scales with dynamic per-token activations; other FP8
-    # experts (128x128 blocks, static activation scales) are expanded to the model dtype until a kernel takes them
-    expand = [n for n in experts if quantized[n].granularity == "block" or quantized[n].input_scale is not None
-              or quantized[n].act_group]
-    if expand:
-        why = "128x128 weight blocks" if any(quantized[n].granularity == "block" for n in expand) else \
-            "static activation scales"
-        before = sum(weight_bytes(quantized[n]) for n in expand)
-        for n in expand:
-            weights[n] = dense_weight(quantized.pop(n), dtype)
-        log.warning("engine: %s: %d FP8 expert matrices (%s) are expanded to %s (%.1f MiB instead of %.1f): no "
-                    "MoE kernel takes their scales yet; per-tensor or per-channel FP8 experts with dynamic "
-                    "activations stay in FP8", model_dir, len(expand), why, str(dtype).removeprefix("torch."),
-                    sum(weights[n].nbytes for n in expand) / 2**20, before / 2**20)
+    _expand_experts(weights, quantized, experts, dtype, model_dir)
     if "model.embed_tokens.weight" in quantized:
         raise ModelLoadError(f"{model_dir}: a quantized embedding table is not supported")
     log.info("engine: %s: %s checkpoint; %d matrices kept quantized (%s), %.1f MiB with their scales; the rest "
              "(embeddings, norms, unquantized layers) in %s", model_dir, method, len(quantized), scheme.description,
              sum(weight_bytes(w) for w in quantized.values()) / 2**20, str(dtype).removeprefix("torch."))
     return weights
+
+
+def _expand_reason(w) -> str | None:
+    """Why an expert matrix cannot stay quantized (None if fused_moe_fp8 takes it: per-tensor or per-channel FP8
+    scales with dynamic per-token activations)."""
+    if isinstance(w, Nvfp4Weight):
+        return "NVFP4"
+    if w.granularity == "block":
+        return "FP8 128x128 weight blocks"
+    if w.input_scale is not None or w.act_group:
+        return "FP8 static or grouped activation scales"
+    return None
+
+
+def _expand_experts(weights: dict, quantized: dict, experts: list[str], dtype: torch.dtype, model_dir: str) -> None:
+    """Expert matrices no MoE kernel takes yet, expanded to ``dtype`` in ``weights`` (and dropped from
+    ``quantized``), with one warning that says which, why and the memory it costs."""
+    reasons = {n: why for n in experts if (why := _expand_reason(quantized[n])) is not None}
+    if not reasons:
+        return
+    before = sum(weight_bytes(quantized[n]) for n in reasons)
+    for n in reasons:
+        weights[n] = dense_weight(quantized.pop(n), dtype)
+    log.warning("engine: %s: %d expert matrices (%s) are expanded to %s (%.1f MiB instead of %.1f): no MoE kernel "
+                "takes them yet; per-tensor or per-channel FP8 experts with dynamic activations stay in FP8",
+                model_dir, len(reasons), ", ".join(sorted(set(reasons.values()))), str(dtype).removeprefix("torch."),
+                sum(weights[n].nbytes for n in reasons) / 2**20, before / 2**20)
