@@ -410,22 +410,9 @@ def paged_decode(q, key_cache, value_cache, block_tables, seq_lens, scale, *, pa
     cfg = dict(decode_config(d, group, q.dtype), **(config or {}))
     block_n = cfg["BLOCK_N"]
     g_chunks = _cdiv(group, cfg["BLOCK_G"])
-    if partition_tokens is None:
-        sms = sm_count(q.device, _INTERPRETER_SMS)
-        parts, part_tokens = decode_partitions(b, hk * g_chunks, max_ctx, block_n, sms)
-    else:
-        part_tokens = _cdiv(partition_tokens, block_n) * block_n
-        parts = max(1, _cdiv(max_ctx, part_tokens))
-    if parts == 1:
-        part_tokens = max(part_tokens, max_ctx)
+    parts, part_tokens, m, lsum, acc = plan_split_kv(out, hk * g_chunks, max_ctx, block_n, partition_tokens)
     upcast, prec = _dot_options(q.dtype)
     split = parts > 1
-    if split:
-        m = torch.empty((b, hq, parts), dtype=torch.float32, device=q.device)
-        lsum = torch.empty_like(m)
-        acc = torch.empty((b, hq, parts, d), dtype=torch.float32, device=q.device)
-    else:
-        m = lsum = acc = out  # unused
     _decode_kernel[(b, hk * g_chunks, parts)](
         q, key_cache, value_cache, block_tables, seq_lens, out, m, lsum, acc,
         scale * _LOG2E,
@@ -437,12 +424,37 @@ def paged_decode(q, key_cache, value_cache, block_tables, seq_lens, scale, *, pa
         BLOCK_SIZE=bs, BLOCK_N=block_n, SPLIT=split, UPCAST=upcast, PREC=prec,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    if split:
-        _decode_reduce_kernel[(b, hq)](
-            m, lsum, acc, out, seq_lens, seq_lens.stride(0), max_ctx, part_tokens, parts,
-            NUM_Q_HEADS=hq, HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_P=max(2, _pow2(parts)), num_warps=4,
-        )
+    reduce_split_kv(parts, part_tokens, m, lsum, acc, out, seq_lens, max_ctx, cfg["BLOCK_D"])
     return out
+
+
+def plan_split_kv(out: torch.Tensor, programs_per_seq: int, max_ctx: int, block_n: int,
+                  partition_tokens: int | None = None, interpreter_sms: int = _INTERPRETER_SMS):
+    """(P, tokens per partition, max / sum / accumulator workspaces) of a split-KV decode writing ``out`` [B, H, D]:
+    P from shapes only (decode_partitions) unless ``partition_tokens`` forces it; with P = 1 the workspaces are
+    ``out`` itself (unused) and one partition covers the whole table."""
+    b, h, width = out.shape
+    if partition_tokens is None:
+        parts, part_tokens = decode_partitions(b, programs_per_seq, max_ctx, block_n,
+                                               sm_count(out.device, interpreter_sms))
+    else:
+        part_tokens = _cdiv(partition_tokens, block_n) * block_n
+        parts = max(1, _cdiv(max_ctx, part_tokens))
+    if parts == 1:
+        return 1, max(part_tokens, max_ctx), out, out, out
+    m = torch.empty((b, h, parts), dtype=torch.float32, device=out.device)
+    acc = torch.empty((b, h, parts, width), dtype=torch.float32, device=out.device)
+    return parts, part_tokens, m, torch.empty_like(m), acc
+
+
+def reduce_split_kv(parts, part_tokens, m, lsum, acc, out, seq_lens, max_ctx: int, block_d: int) -> None:
+    """Combine a split-KV decode's partitions into ``out`` (nothing to do with one partition)."""
+    if parts > 1:
+        b, h, width = out.shape
+        _decode_reduce_kernel[(b, h)](
+            m, lsum, acc, out, seq_lens, seq_lens.stride(0), max_ctx, part_tokens, parts,
+            NUM_Q_HEADS=h, HEAD_DIM=width, BLOCK_D=block_d, BLOCK_P=max(2, _pow2(parts)), num_warps=4,
+        )
 
 
 def paged_prefill(q, key_cache, value_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,

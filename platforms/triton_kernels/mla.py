@@ -20,16 +20,15 @@ import triton.language as tl
 
 from engine.core.ops.mla import mla_decode as mla_decode_op
 
-from . import sm_count
 from .attention import (
     _LOG2E,
     _cdiv,
-    _decode_reduce_kernel,
     _dot_options,
     _online_softmax_step,
     _pow2,
     _store_decode,
-    decode_partitions,
+    plan_split_kv,
+    reduce_split_kv,
 )
 
 PRIORITY = 10
@@ -123,21 +122,10 @@ def mla_decode(q, kv_cache, block_tables, seq_lens, scale, v_dim=512, *, partiti
     max_ctx = block_tables.shape[1] * page
     cfg = dict(mla_decode_config(v_dim, d_qk - v_dim, q.dtype, interpreting()), **(config or {}))
     block_n, chunks = cfg["BLOCK_N"], _cdiv(h, cfg["BLOCK_H"])
-    if partition_tokens is None:
-        parts, part_tokens = decode_partitions(b, chunks, max_ctx, block_n, sm_count(q.device, _INTERPRETER_SMS))
-    else:
-        part_tokens = _cdiv(partition_tokens, block_n) * block_n
-        parts = max(1, _cdiv(max_ctx, part_tokens))
-    if parts == 1:
-        part_tokens = max(part_tokens, max_ctx)
+    parts, part_tokens, m, lsum, acc = plan_split_kv(out, chunks, max_ctx, block_n, partition_tokens,
+                                                     _INTERPRETER_SMS)
     upcast, prec = _dot_options(q.dtype)
     split = parts > 1
-    if split:
-        m = torch.empty((b, h, parts), dtype=torch.float32, device=q.device)
-        lsum = torch.empty_like(m)
-        acc = torch.empty((b, h, parts, v_dim), dtype=torch.float32, device=q.device)
-    else:
-        m = lsum = acc = out  # unused
     _mla_decode_kernel[(b, chunks, parts)](
         q, kv_cache, block_tables, seq_lens, out, m, lsum, acc,
         scale * _LOG2E,
@@ -149,11 +137,7 @@ def mla_decode(q, kv_cache, block_tables, seq_lens, scale, v_dim=512, *, partiti
         BLOCK_H=cfg["BLOCK_H"], PAGE=page, BLOCK_N=block_n, SPLIT=split, UPCAST=upcast, PREC=prec,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    if split:
-        _decode_reduce_kernel[(b, h)](
-            m, lsum, acc, out, seq_lens, seq_lens.stride(0), max_ctx, part_tokens, parts,
-            NUM_Q_HEADS=h, HEAD_DIM=v_dim, BLOCK_D=cfg["BLOCK_V"], BLOCK_P=max(2, _pow2(parts)), num_warps=4,
-        )
+    reduce_split_kv(parts, part_tokens, m, lsum, acc, out, seq_lens, max_ctx, cfg["BLOCK_V"])
     return out
 
 

@@ -75,13 +75,21 @@ def build(tmp_path, model: str, layout: str):
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
     # the oracle: dequantized weights everywhere, activations rounded where the engine rounds them
+    load_dequantized(hf, dequantized, acts, fp8_experts=layout in KEPT)
+    return hf
+
+
+def load_dequantized(hf, dequantized: dict, acts=None, fp8_experts: bool = False) -> None:
+    """Put the checkpoint's dequantized weights into transformers' model (its linears and its fused experts); with
+    ``acts``, round each quantized linear's input as the engine does (and, with ``fp8_experts``, the experts')."""
     with torch.no_grad():
         for i, layer in enumerate(hf.model.layers):
             p = f"model.layers.{i}."
             for name, module in layer.named_modules():
                 if isinstance(module, torch.nn.Linear) and p + name + ".weight" in dequantized:
                     module.weight.copy_(dequantized[p + name + ".weight"])
-                    if name != "self_attn.kv_b_proj":  # MLA absorbs it: its dequantized weight meets no activation
+                    # MLA absorbs kv_b_proj: its dequantized weight meets no activation
+                    if acts is not None and name != "self_attn.kv_b_proj":
                         module.register_forward_pre_hook(lambda m, args, how=acts: (fake_quant_input(args[0], how),))
             experts = getattr(layer.mlp, "experts", None)
             if experts is None:
@@ -90,9 +98,8 @@ def build(tmp_path, model: str, layout: str):
                 g, u, d = (dequantized[f"{p}mlp.experts.{e}.{n}_proj.weight"] for n in ("gate", "up", "down"))
                 experts.gate_up_proj[e].copy_(torch.cat([g, u]))
                 experts.down_proj[e].copy_(d)
-            if layout in KEPT:
+            if fp8_experts:
                 experts.forward = _fp8_experts_forward(experts, acts)
-    return hf
 
 
 @pytest.mark.parametrize("layout", ["ct_channel_token", "fbgemm_channel", "deepseek_block", "ct_tensor_static"])

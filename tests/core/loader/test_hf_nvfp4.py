@@ -141,7 +141,7 @@ def test_w4a4_runs_where_the_platform_has_a_kernel_for_it(tmp_path):
 def test_nvfp4_moe_experts_are_expanded_and_the_rest_stays_nvfp4(tmp_path, caplog):
     """No MoE kernel takes NVFP4 experts yet: they load expanded (with a warning naming the memory), the attention
     stays NVFP4, and the logits are transformers' on the dequantized weights."""
-    from tests.core.loader.test_hf_fp8_moe import MODELS
+    from tests.core.loader.test_hf_fp8_moe import MODELS, load_dequantized
 
     cfg_cls, model_cls, extra = MODELS["qwen3_moe"]
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
@@ -167,16 +167,7 @@ def test_nvfp4_moe_experts_are_expanded_and_the_rest_stays_nvfp4(tmp_path, caplo
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4",
                                                                                 "group_size": 16}}))
-    with torch.no_grad():
-        for i, layer in enumerate(hf.model.layers):
-            p = f"model.layers.{i}."
-            for name, module in layer.named_modules():
-                if isinstance(module, torch.nn.Linear) and p + name + ".weight" in deq:
-                    module.weight.copy_(deq[p + name + ".weight"])
-            for e in range(layer.mlp.experts.gate_up_proj.shape[0]):
-                g, u, d = (deq[f"{p}mlp.experts.{e}.{n}_proj.weight"] for n in ("gate", "up", "down"))
-                layer.mlp.experts.gate_up_proj[e].copy_(torch.cat([g, u]))
-                layer.mlp.experts.down_proj[e].copy_(d)
+    load_dequantized(hf, deq)  # W4A16 on this platform: activations unrounded
     with caplog.at_level("INFO", logger="engine"):
         llm = LLM(str(tmp_path), dtype="float32", num_kv_blocks=32, block_size=16)
     assert "24 expert matrices (NVFP4) are expanded to float32" in caplog.text, caplog.text
