@@ -62,11 +62,12 @@ def write_random_llama(path, *, vocab_size: int = 512, hidden_size: int = 256, i
               "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
               "torch_dtype": str(dtype).removeprefix("torch."), "attention_bias": False, "mlp_bias": False}
     (path / "config.json").write_text(json.dumps(config, indent=1))
-    _write_word_tokenizer(path, vocab_size)
+    write_word_tokenizer(path, vocab_size)
     return path
 
 
-def _write_word_tokenizer(path: Path, vocab_size: int) -> None:
+def write_word_tokenizer(path: Path, vocab_size: int) -> None:
+    """A word-level tokenizer.json over ``w0 .. w{vocab_size-1}`` in ``path``."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit

@@ -189,3 +189,17 @@ def test_bench_gpu_tiny(tmp_path):
     assert (tmp_path / "bench_gpu.md").read_text().startswith(result["device"])
     assert list(tmp_path.glob("profile_tiny_2req.txt"))
 
+
+
+def test_quant_models_tiny(tmp_path):
+    """quant_models.py at its tiny size: each format's checkpoint loads kept in its format (not expanded), is smaller
+    than the one before it, decodes, and its rows (with the ratio to bf16) are appended to the results file."""
+    rows = _module("quant_models").run(tiny=True, out=tmp_path)
+    by = {(r["bench"].split()[-1], r["shape"].split()[0]): r for r in rows}
+    assert set(by) == {(f, b) for f in ("bf16", "fp8", "nvfp4", "gptq") for b in ("1", "2")}, sorted(by)
+    kept = {f: by[f, "1"]["weights"] for f in ("bf16", "fp8", "nvfp4", "gptq")}
+    assert kept == {"bf16": "Tensor", "fp8": "Fp8Weight", "nvfp4": "Nvfp4Weight", "gptq": "QuantizedWeight"}, kept
+    size = {f: by[f, "1"]["checkpoint_bytes"] for f in kept}
+    assert size["bf16"] > size["fp8"] > size["nvfp4"] > 0 and size["fp8"] > size["gptq"] > 0, size
+    assert all(r["tok_s"] > 0 and r["vs_bf16"] > 0 for r in rows), rows
+    assert len((tmp_path / "quant_models.jsonl").read_text().splitlines()) == len(rows)

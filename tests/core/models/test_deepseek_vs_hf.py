@@ -14,6 +14,7 @@ from engine import LLM, SamplingParams
 from engine.core.engine.memory import kv_bytes_per_token
 from engine.core.loader import ModelLoadError
 from engine.core.models.deepseek_moe import grouped_topk
+from engine.core.testing.random_model import write_word_tokenizer
 from tests.core.models.test_tiny_random_vs_hf import _save_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -150,3 +151,42 @@ def test_unsupported_deepseek_configs_are_refused(tmp_path):
     cfg_path.write_text(text.replace('"model_type"', '"scoring_func": "softmax", "model_type"'))
     with pytest.raises(ModelLoadError, match="scoring_func 'softmax'"):
         LLM(str(tmp_path))
+
+
+# DeepSeek-V3's attention widths (latent 512 + rope 64, nope 128, values 128) and routing (8 groups, top-4 groups,
+# 8 of 64 experts), fewer and narrower layers: the Triton MLA decode and the GPU MoE path at the real head sizes.
+LARGER = dict(vocab_size=4096, hidden_size=1024, intermediate_size=2048, moe_intermediate_size=256,
+              num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=16, n_shared_experts=1,
+              n_routed_experts=64, routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=384,
+              qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=8, topk_group=4,
+              num_experts_per_tok=8, first_k_dense_replace=1, norm_topk_prob=True, max_position_embeddings=2048,
+              tie_word_embeddings=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the larger config runs on a CUDA GPU")
+def test_larger_config_greedy_matches_transformers_on_the_gpu(tmp_path, caplog):
+    cfg = transformers.DeepseekV3Config(**LARGER)
+    torch.manual_seed(_seed())
+    hf = transformers.DeepseekV3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.weight.normal_(0, 0.05)
+                layer.mlp.gate.e_score_correction_bias.normal_(0, 0.3)
+    hf.save_pretrained(tmp_path)
+    write_word_tokenizer(tmp_path, LARGER["vocab_size"])
+    hf = hf.cuda()
+    with caplog.at_level("WARNING", logger="engine"):
+        llm = LLM(str(tmp_path), dtype="float32", platform="cuda", num_kv_blocks=256, block_size=64,
+                  max_num_batched_tokens=2048)
+    gen = torch.Generator().manual_seed(_seed())
+    prompts = [torch.randint(0, 4096, (n,), generator=gen).tolist() for n in (7, 300, 1100)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    for ids, out in zip(prompts, outs, strict=True):
+        tokens = out.outputs[0].token_ids
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids + tokens], device="cuda")).logits[0, len(ids) - 1:-1].float()
+        gap = logits.max(-1).values - logits.gather(1, torch.tensor(tokens, device="cuda")[:, None])[:, 0]
+        # fp32 on a GPU: the two sides sum in different orders (and transformers' matmuls may use TF32)
+        assert len(tokens) == 24 and bool((gap <= 2e-3 * logits.std()).all()), f"lost by {gap.max():.2e}"
+    assert "op mla_decode runs on its plain-torch reference" not in caplog.text, caplog.text
