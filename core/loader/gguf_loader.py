@@ -1,10 +1,10 @@
 """GGUF files (llama, qwen2, qwen3 dense) -> ModelConfig + HF-named weights.
 
-Q4_0 / Q4_1 / Q8_0 matrices stay in their blocks as QuantizedWeight unless ``dequantize`` is set;
-F32 / F16 / BF16 tensors become float tensors in the requested dtype; every other quantization type
-(Q5_0, Q5_1, the K-quants Q2_K..Q6_K, the I-quants, ...) is dequantized with ``gguf.quants.dequantize``
-(through fp32) and then cast to the requested dtype. A load that expands quantized tensors says so once, with
-the memory it costs (a warning; at info level when ``dequantize`` asked for it).
+Q4_0 / Q4_1 / Q8_0 and Q4_K / Q5_K / Q6_K matrices (what Q4_K_M, Q5_K_M and Q6_K files hold) stay in their
+blocks as QuantizedWeight unless ``dequantize`` is set; F32 / F16 / BF16 tensors become float tensors in the
+requested dtype; every other quantization type (Q5_0, Q5_1, Q2_K, Q3_K, the I-quants, ...) is dequantized with
+``gguf.quants.dequantize`` (through fp32) and then cast to the requested dtype. A load that expands quantized
+tensors says so once, with the memory it costs (a warning; at info level when ``dequantize`` asked for it).
 
 llama-architecture files store the attn_q / attn_k rows permuted for llama.cpp's rotary layout
 (convert_hf_to_gguf.py permutes them); we undo that exactly as transformers does at GGUF load.
@@ -28,7 +28,7 @@ from .gguf_file import field, require
 log = logging.getLogger("engine")
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
-KEEP_QUANTIZED = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
+KEEP_QUANTIZED = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 F32, F16, BF16 = 0, 1, 30
 # Tensor types that are not block-quantized: floats and integers (I8, I16, I32, I64, F64).
 _PLAIN_TYPES = {F32, F16, BF16, 24, 25, 26, 27, 28}

@@ -8,6 +8,7 @@ import dataclasses
 
 import torch
 
+from engine.core.ops.gguf_quant import GGUF_QTYPES
 from engine.core.ops.norm import fused_add_rms_norm, rms_norm
 from engine.core.ops.registry import CallSite
 from engine.core.ops.rotary import build_cos_sin_cache
@@ -65,8 +66,10 @@ class DecoderModel:
         # time, so the host copy of each can be freed by the caller as it goes).
         weights = {name: to_device(w, self.device) for name, w in weights.items()}
         if quantize_activations:
-            weights = {name: dataclasses.replace(w, quantize_activations=True) if isinstance(w, QuantizedWeight)
-                       else w for name, w in weights.items()}
+            # the Q8-activation op takes the 32-element block types; K-quant weights keep their activations
+            weights = {name: dataclasses.replace(w, quantize_activations=True)
+                       if isinstance(w, QuantizedWeight) and w.qtype in GGUF_QTYPES else w
+                       for name, w in weights.items()}
         cos_sin = build_cos_sin_cache(cfg.max_position, cfg.rotary_dim, cfg.rope_theta, torch.float32,
                                       cfg.rope_scaling, device=self.device)
         self.embed_tokens = weights["model.embed_tokens.weight"]

@@ -14,7 +14,17 @@ from __future__ import annotations
 
 import torch
 
-from .gguf_quant import BLOCK, LINEAR_CASES, Q8_0, _gguf_dequantize_ref, _linear_inputs, check_linear_x, draw_linear
+from .gguf_quant import (
+    BLOCK,
+    GGUF_QTYPES,
+    LINEAR_CASES,
+    Q8_0,
+    _gguf_dequantize_ref,
+    _linear_inputs,
+    check_linear_x,
+    draw_linear,
+    qtype_name,
+)
 from .precision import acc
 from .registry import Case, OpDef, Tolerance
 
@@ -42,6 +52,9 @@ def q8_round(x: torch.Tensor) -> torch.Tensor:
 
 def _gguf_linear_q8act_ref(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
     check_linear_x("gguf_linear_q8act", x, cols)
+    if qtype not in GGUF_QTYPES:
+        raise ValueError(f"gguf_linear_q8act takes Q4_0, Q4_1 and Q8_0 weights, not {qtype_name(qtype)}; "
+                         "run K-quant weights through gguf_linear (activations unquantized)")
     w = _gguf_dequantize_ref(raw, qtype, cols, torch.float32)
     xq = q8_round(x)
     return (xq @ w.t().to(xq.dtype)).to(x.dtype)
@@ -58,8 +71,9 @@ gguf_linear_q8act = OpDef(
     reference=_gguf_linear_q8act_ref,
     fake=_gguf_linear_q8act_fake,
     make_inputs=_linear_inputs,
-    draw=draw_linear,
-    cases=[*LINEAR_CASES, Case("q8_0_one_block", {"qtype": Q8_0, "m": 2, "n": 9, "k": 32})],
+    draw=lambda rng, budget: draw_linear(rng, budget, kquants=False),
+    cases=[*(c for c in LINEAR_CASES if c.params["qtype"] in GGUF_QTYPES),
+           Case("q8_0_one_block", {"qtype": Q8_0, "m": 2, "n": 9, "k": 32})],
     # fp32: the same codes and scales as the reference, so only the order of the fp32 sums differs.
     tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(5e-2, 2e-2)},
     doc="y = q8(x) @ dequant(raw)^T: x [..., cols] rounded to Q8 blocks (quantize_q8_blocks), raw GGUF "

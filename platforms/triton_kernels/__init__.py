@@ -22,6 +22,7 @@ KERNEL_MODULES = {
     "kv_cache": ("write_kv_cache",),
     "linear": ("linear",),
     "gguf_linear": ("gguf_linear", "gguf_dequantize"),
+    "gguf_kquant": ("gguf_linear", "gguf_dequantize"),
     "norm": ("rms_norm", "fused_add_rms_norm"),
     "activation": ("silu_and_mul",),
     "rotary": ("rotary_embedding", "rotary_write_kv"),

@@ -18,14 +18,21 @@ int gguf_block_bytes(int qtype) {
   }
 }
 
+int gguf_row_bytes(int qtype, int64_t k) {
+  if (gguf_kquant_bytes(qtype) != 0) return k > 0 && k % 256 == 0 ? static_cast<int>(k / 256) * gguf_kquant_bytes(qtype) : 0;
+  return k > 0 && k % 32 == 0 ? static_cast<int>(k / 32) * gguf_block_bytes(qtype) : 0;
+}
+
 void gguf_dequant(const DequantArgs& a) {
-  if (gguf_block_bytes(a.qtype) == 0)
+  if (gguf_block_bytes(a.qtype) == 0 && gguf_kquant_bytes(a.qtype) == 0)
     throw std::invalid_argument("gguf_dequant: unsupported qtype " + std::to_string(a.qtype) +
-                                "; supported: Q4_0=2, Q4_1=3, Q8_0=8");
-  if (a.cols <= 0 || a.cols % 32 != 0 || a.rows < 0)
-    throw std::invalid_argument("gguf_dequant: cols must be a positive multiple of 32 and rows >= 0");
+                                "; supported: Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14");
+  if (a.rows < 0 || gguf_row_bytes(a.qtype, a.cols) == 0)
+    throw std::invalid_argument("gguf_dequant: cols must be a positive multiple of the block (32; K-quants 256) "
+                                "and rows >= 0");
   if (a.dtype != DType::F32 && a.dtype != DType::BF16)
     throw std::invalid_argument("gguf_dequant: output dtype must be fp32 or bf16");
+  if (gguf_kquant_bytes(a.qtype) != 0) return gguf_kquant_dequant(a);
   switch (current_isa()) {
 #ifdef ENGINE_X86
     case Isa::Avx512: return gguf_dequant_avx512(a);

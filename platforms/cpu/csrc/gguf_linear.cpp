@@ -58,24 +58,58 @@ constexpr int64_t kRowChunk = 21 * kMaxTileM;
 
 }  // namespace
 
-void check_gguf_linear_args(const GgufLinearArgs& a, const char* op) {
+void check_gguf_linear_args(const GgufLinearArgs& a, const char* op, bool kquants) {
   const std::string name(op);
-  if (gguf_block_bytes(a.qtype) == 0)
-    throw std::invalid_argument(name + ": unsupported qtype " + std::to_string(a.qtype) +
-                                "; supported: Q4_0=2, Q4_1=3, Q8_0=8");
-  if (a.k <= 0 || a.k % 32 != 0 || a.m < 0 || a.n < 0)
-    throw std::invalid_argument(name + ": k must be a positive multiple of 32, m and n >= 0");
-  if (a.w_stride < a.k / 32 * gguf_block_bytes(a.qtype) || a.x_stride < a.k || a.y_stride < a.n)
+  const bool k_type = gguf_kquant_bytes(a.qtype) != 0;
+  if (gguf_block_bytes(a.qtype) == 0 && !(kquants && k_type))
+    throw std::invalid_argument(name + ": unsupported qtype " + std::to_string(a.qtype) + "; supported: Q4_0=2, Q4_1=3, "
+                                "Q8_0=8" + (kquants ? ", Q4_K=12, Q5_K=13, Q6_K=14" : ""));
+  if (gguf_row_bytes(a.qtype, a.k) == 0 || a.m < 0 || a.n < 0)
+    throw std::invalid_argument(name + ": k must be a positive multiple of " + (k_type ? "256" : "32") +
+                                ", m and n >= 0");
+  if (a.w_stride < gguf_row_bytes(a.qtype, a.k) || a.x_stride < a.k || a.y_stride < a.n)
     throw std::invalid_argument(name + ": a row stride is smaller than its row");
   if (a.dtype != DType::F32 && a.dtype != DType::BF16)
     throw std::invalid_argument(name + ": dtype must be fp32 or bf16");
 }
 
+namespace {
+
+// The K-quant decode of `kern`, or the scalar build's where the ISA has none (RVV).
+using DecodeK = void (*)(int, const uint8_t*, int64_t, int, int64_t, float*);
+DecodeK decode_k_of(const GgufLinearKernels& kern) {
+  return kern.decode_k != nullptr ? kern.decode_k : gguf_linear_kernels_scalar().decode_k;
+}
+
+}  // namespace
+
+void gguf_kquant_dequant(const DequantArgs& a) {
+  const DecodeK decode = decode_k_of(gguf_linear_kernels(current_isa()));
+  if (a.rows <= 0) return;
+  const int64_t grain = std::max<int64_t>(1, kMinChunkWork / a.cols);
+  for_dynamic_chunks(a.rows, grain, [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<float> buf;
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* src = a.src + r * a.src_stride;
+      if (a.dtype == DType::F32) {
+        decode(a.qtype, src, a.src_stride, 1, a.cols, static_cast<float*>(a.dst) + r * a.dst_stride);
+        continue;
+      }
+      float* const row = aligned_floats(buf, a.cols);
+      decode(a.qtype, src, a.src_stride, 1, a.cols, row);
+      uint16_t* dst = static_cast<uint16_t*>(a.dst) + r * a.dst_stride;
+      for (int64_t c = 0; c < a.cols; ++c) dst[c] = f32_to_bf16(row[c]);
+    }
+  });
+}
+
 void gguf_linear(const GgufLinearArgs& a) {
-  check_gguf_linear_args(a, "gguf_linear");
+  check_gguf_linear_args(a, "gguf_linear", true);
   if (a.m == 0 || a.n == 0) return;
 
   const GgufLinearKernels kern = gguf_linear_kernels(current_isa());
+  const bool k_type = gguf_kquant_bytes(a.qtype) != 0;
+  const DecodeK decode_k = k_type ? decode_k_of(kern) : nullptr;
   const float* lut = fp16_lut();
   const int64_t k = a.k, m = a.m, n = a.n;
 
@@ -95,7 +129,7 @@ void gguf_linear(const GgufLinearArgs& a) {
   }
 
   const int64_t tiles = (n + kPanelRows - 1) / kPanelRows;
-  if (m == 1 && kern.gemv != nullptr) {
+  if (m == 1 && kern.gemv != nullptr && !k_type) {
     const int64_t grain = std::max<int64_t>(1, kMinChunkWork / (k * kPanelRows));
     for_dynamic_chunks(tiles, grain, [&](int64_t t0, int64_t t1) {
       constexpr int64_t kRows = 64;  // rows per call: enough to amortize, small enough for the stack
@@ -127,7 +161,8 @@ void gguf_linear(const GgufLinearArgs& a) {
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t n0 = t * kPanelRows;
         const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n - n0));
-        kern.decode(a.qtype, a.w + n0 * a.w_stride, a.w_stride, rows, k, panel, lut);
+        if (k_type) decode_k(a.qtype, a.w + n0 * a.w_stride, a.w_stride, rows, k, panel);
+        else kern.decode(a.qtype, a.w + n0 * a.w_stride, a.w_stride, rows, k, panel, lut);
         if (rows < kPanelRows) std::memset(panel + rows * k, 0, sizeof(float) * (kPanelRows - rows) * k);
         for (int64_t m0 = mc; m0 < mc + mn; m0 += kMaxTileM) {
           const int mt = static_cast<int>(std::min<int64_t>(kMaxTileM, mc + mn - m0));

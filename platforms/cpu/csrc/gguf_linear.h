@@ -1,5 +1,5 @@
-// Fused GGUF linear: y[m, n] = sum_k x[m, k] * dequant(W)[n, k] for Q4_0 / Q4_1 / Q8_0 weights
-// kept in their GGUF blocks (never dequantized as a whole).
+// Fused GGUF linear: y[m, n] = sum_k x[m, k] * dequant(W)[n, k] for Q4_0 / Q4_1 / Q8_0 weights (and the K-quants
+// Q4_K / Q5_K / Q6_K, always through decoded panels) kept in their GGUF blocks (never dequantized as a whole).
 //
 // Structure: threads split the weight rows (parallel_for over panels of kPanelRows rows).
 //  * M = 1 (decode; bound by decoding and memory): where the ISA has a gemv kernel, each block is
@@ -22,11 +22,11 @@
 namespace engine_cpu {
 
 struct GgufLinearArgs {
-  int qtype;           // 2 = Q4_0, 3 = Q4_1, 8 = Q8_0 (gguf.GGMLQuantizationType)
+  int qtype;           // 2 = Q4_0, 3 = Q4_1, 8 = Q8_0, 12-14 = Q4_K-Q6_K (gguf.GGMLQuantizationType)
   const void* x;       // [m, k] of dtype, unit stride along k
   int64_t x_stride;    // elements between rows of x
   int64_t m;
-  int64_t k;           // multiple of 32
+  int64_t k;           // multiple of 32 (K-quants: 256)
   const uint8_t* w;    // [n, row_bytes] GGUF blocks
   int64_t w_stride;    // bytes between weight rows
   int64_t n;
@@ -39,8 +39,9 @@ struct GgufLinearArgs {
 // std::invalid_argument on bad arguments.
 void gguf_linear(const GgufLinearArgs& a);
 
-// The argument checks shared by gguf_linear and gguf_linear_q8act (std::invalid_argument naming `op`).
-void check_gguf_linear_args(const GgufLinearArgs& a, const char* op);
+// The argument checks shared by gguf_linear and gguf_linear_q8act (std::invalid_argument naming `op`); the K-quants
+// only where `kquants` (gguf_linear takes them, through the panel path).
+void check_gguf_linear_args(const GgufLinearArgs& a, const char* op, bool kquants = false);
 
 // Rows m0 .. m0 + mt - 1 of y, columns n0 .. n0 + cols - 1, from an fp32 tile whose row i starts at
 // tile + i * tile_stride (y's dtype: copied, or rounded to bf16).
@@ -84,6 +85,8 @@ struct GgufLinearKernels {
   void (*dot)(const float* x, int64_t x_stride, int mt, const float* panel, int64_t k, float* out);
   void (*gemv)(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, const float* x, float* out,
                const float* lut);
+  // decode for the K-quants (Q4_K, Q5_K, Q6_K; k a multiple of 256); nullptr: the scalar build's
+  void (*decode_k)(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst);
 };
 
 // fp16 bits -> fp32, all 65,536 values (built once, thread-safe). A table load replaces the

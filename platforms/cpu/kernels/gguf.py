@@ -1,4 +1,5 @@
-"""Native GGUF dequantize (Q4_0/Q4_1/Q8_0 -> fp32/bf16), gguf_linear (a fused kernel for decode and small batches,
+"""Native GGUF dequantize (Q4_0/Q4_1/Q8_0 and the K-quants Q4_K/Q5_K/Q6_K -> fp32/bf16), gguf_linear (a fused
+kernel for decode and small batches,
 dequantize + torch matmul as the fallback) and gguf_linear_q8act (x rounded to Q8 blocks, integer block dots). On x86
 and the portable ISA both linears read a row-interleaved copy of the weight (one copy per weight, whichever op runs
 it: see _packed_weight); NEON, VSX and RVV read the GGUF blocks directly.
@@ -13,8 +14,9 @@ import weakref
 
 import torch
 
+from engine.core.ops.gguf_kquants import K_QTYPES
 from engine.core.ops.gguf_q8act import gguf_linear_q8act, q8_round
-from engine.core.ops.gguf_quant import BLOCK, GGUF_QTYPES, gguf_dequantize, gguf_linear
+from engine.core.ops.gguf_quant import ALL_QTYPES, GGUF_QTYPES, gguf_dequantize, gguf_linear
 from engine.platforms.cpu import _native
 
 from ._common import DTYPE_CODE, PRIORITY, isa_note, rows_of
@@ -24,15 +26,16 @@ FP16 = torch.float16
 ACTIVATION_DTYPES = (*DTYPE_CODE, FP16)  # fp16 through the fp32 kernels (see the module docstring)
 
 
-def _raw_verdict(raw: torch.Tensor, qtype: int, cols: int):
+def _raw_verdict(raw: torch.Tensor, qtype: int, cols: int, qtypes=GGUF_QTYPES):
     if raw.device.type != "cpu":
         return "raw must be on the cpu device"
-    if qtype not in GGUF_QTYPES:
-        return f"qtype {qtype} not supported (Q4_0=2, Q4_1=3, Q8_0=8)"
+    if qtype not in qtypes:
+        return f"qtype {qtype} not supported ({', '.join(f'{ALL_QTYPES[q][0]}={q}' for q in qtypes)})"
     if raw.dtype != torch.uint8 or raw.dim() != 2:
         return "raw must be a 2-D uint8 tensor"
-    if cols <= 0 or cols % BLOCK or raw.shape[1] != cols // BLOCK * GGUF_QTYPES[qtype][1]:
-        return f"raw shape {list(raw.shape)} does not hold {cols} columns of {GGUF_QTYPES[qtype][0]}"
+    name, block, size = ALL_QTYPES[qtype]
+    if cols <= 0 or cols % block or raw.shape[1] != cols // block * size:
+        return f"raw shape {list(raw.shape)} does not hold {cols} columns of {name}"
     if raw.stride(1) != 1:
         return "raw rows are not contiguous"
     return True
@@ -41,7 +44,7 @@ def _raw_verdict(raw: torch.Tensor, qtype: int, cols: int):
 def _supports_dequant(raw, qtype, cols, dtype):
     if dtype not in ACTIVATION_DTYPES:
         return f"output dtype {dtype} not supported (fp32, bf16, fp16)"
-    return _raw_verdict(raw, qtype, cols)
+    return _raw_verdict(raw, qtype, cols, ALL_QTYPES)
 
 
 def _dequant(raw: torch.Tensor, qtype: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
@@ -55,14 +58,22 @@ def _dequant(raw: torch.Tensor, qtype: int, cols: int, dtype: torch.dtype) -> to
     return out
 
 
-def _supports_linear(x, raw, qtype, cols):
+def _supports_linear(x, raw, qtype, cols, qtypes=GGUF_QTYPES):
     if x.device.type != "cpu":
         return "x must be on the cpu device"
     if x.dtype not in ACTIVATION_DTYPES:
         return f"x dtype {x.dtype} not supported (fp32, bf16, fp16)"
     if x.dim() < 1 or x.shape[-1] != cols:
         return f"x must be [..., {cols}]"
-    return _raw_verdict(raw, qtype, cols)
+    return _raw_verdict(raw, qtype, cols, qtypes)
+
+
+def _supports_kquant_linear(x, raw, qtype, cols):
+    return _supports_linear(x, raw, qtype, cols, K_QTYPES)
+
+
+def _supports_any_linear(x, raw, qtype, cols):
+    return _supports_linear(x, raw, qtype, cols, ALL_QTYPES)
 
 
 def _dequant_matmul(x, raw, qtype, cols):
@@ -242,6 +253,10 @@ def register(registry) -> None:
                       note="native integer block dots ("
                       + (f"row-interleaved weight copy, {packed}" if packed else _native.gguf_q8act_variant())
                       + f" at registration; M > {PACKED_MAX_M if packed else Q8ACT_MAX_M}: torch quantize + GEMM)")
-    registry.register(gguf_linear, _dequant_matmul, name="dequant_matmul", supports=_supports_linear,
+    registry.register(gguf_linear, _fused_linear, name="kquant", supports=_supports_kquant_linear,
+                      priority=PRIORITY + 1,
+                      note="Q4_K/Q5_K/Q6_K: native super-block decode into fp32 panels + fp32 FMA (M <= "
+                      f"{FUSED_MAX_M}; larger M: dequantize + oneDNN or torch GEMM); " + isa_note())
+    registry.register(gguf_linear, _dequant_matmul, name="dequant_matmul", supports=_supports_any_linear,
                       priority=PRIORITY,
                       note="native dequantize to x.dtype, then oneDNN (fp32) or torch GEMM; " + isa_note())

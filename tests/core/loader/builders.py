@@ -5,12 +5,15 @@ permuted with convert_hf_to_gguf's permute)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import gguf
 import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from engine.core.ops.gguf_kquants import K_QTYPES, random_k_blocks
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -66,7 +69,9 @@ def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 # K-quant types gguf-py dequantizes but cannot quantize -> the byte offsets of their fp16 scales within a block.
-RANDOM_BLOCK_SCALES = {gguf.GGMLQuantizationType.Q4_K: (0, 2), gguf.GGMLQuantizationType.Q6_K: (208,)}
+RANDOM_BLOCK_SCALES = {gguf.GGMLQuantizationType.Q2_K: (80, 82), gguf.GGMLQuantizationType.Q3_K: (108,),
+                       gguf.GGMLQuantizationType.Q4_K: (0, 2), gguf.GGMLQuantizationType.Q5_K: (0, 2),
+                       gguf.GGMLQuantizationType.Q6_K: (208,)}
 
 
 def random_blocks(shape: tuple[int, int], q, seed: int = 0) -> np.ndarray:
@@ -82,9 +87,10 @@ def random_blocks(shape: tuple[int, int], q, seed: int = 0) -> np.ndarray:
 
 def write_gguf(path: Path, arch: str, state_dict: dict[str, torch.Tensor], cfg, *, qtype=None,
                tokenizer: dict, rope_scaling: dict | None = None) -> Path:
-    """Write ``state_dict`` (HF names, an HF config ``cfg``) as a GGUF of ``arch``. ``qtype(name, array)`` picks
-    each 2-D tensor's GGML type (default F32; a type in RANDOM_BLOCK_SCALES gets random_blocks, not the tensor's
-    values). ``tokenizer`` holds the tokenizer.* metadata to write."""
+    """Write ``state_dict`` (HF names, an HF config ``cfg``) as a GGUF of ``arch``. ``qtype(name, array)`` picks each
+    2-D tensor's GGML type (default F32; Q4_K / Q5_K / Q6_K get random super-blocks of the tensor's spread and
+    another type in RANDOM_BLOCK_SCALES random_blocks, not the tensor's values). ``tokenizer`` holds the
+    tokenizer.* metadata to write."""
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(arch_enum, cfg.num_hidden_layers)
     w = gguf.GGUFWriter(str(path), arch)
@@ -130,6 +136,10 @@ def write_gguf(path: Path, arch: str, state_dict: dict[str, torch.Tensor], cfg, 
             w.add_tensor(name, a)
         elif q == gguf.GGMLQuantizationType.F16:
             w.add_tensor(name, a.astype(np.float16))
+        elif q in K_QTYPES:  # kept quantized by the engine: random super-blocks of about the tensor's spread
+            gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+            raw = random_k_blocks(a.shape[0], a.shape[1], int(q), gen, scale=float(a.std()))
+            w.add_tensor(name, raw.numpy(), raw_dtype=q)
         elif q in RANDOM_BLOCK_SCALES:
             w.add_tensor(name, random_blocks(a.shape, q), raw_dtype=q)
         else:

@@ -1,5 +1,5 @@
-"""GGUF tensor types the engine does not keep quantized (K-quants here) are expanded to floats at load, and the load
-says so once, with the memory it costs."""
+"""GGUF tensor types the engine does not keep quantized (Q2_K and Q3_K here) are expanded to floats at load, and the
+load says so once, with the memory it costs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ SIDE = 256  # a K-quant block is 256 elements: rows of 256
 
 
 def _kquants(name: str, a: np.ndarray):
-    table = {"q_proj": Q.Q4_0, "gate_proj": Q.Q4_K, "up_proj": Q.Q6_K, "down_proj": Q.Q6_K}
+    table = {"q_proj": Q.Q4_0, "gate_proj": Q.Q2_K, "up_proj": Q.Q3_K, "down_proj": Q.Q3_K}
     return next((q for key, q in table.items() if key in name), Q.F32)
 
 
@@ -46,17 +46,18 @@ def test_kquants_are_expanded_and_the_load_says_so_with_the_memory(kquant_gguf, 
         ck = load_checkpoint(kquant_gguf, dtype=dtype)
     (rec,) = [r for r in _engine_records(caplog) if "expanded" in r.getMessage()]
     assert rec.levelno == logging.WARNING
-    # 2 Q4_K tensors of 256x256 (144 bytes per 256) and 4 Q6_K (210 bytes per 256): 288768 bytes = 282.0 KiB;
+    # 2 Q2_K tensors of 256x256 (84 bytes per 256) and 4 Q3_K (110 bytes per 256): 155648 bytes = 152.0 KiB;
     # 6 x 65536 floats
     dtype_name = str(dtype).removeprefix("torch.")
     assert rec.getMessage() == (
-        f"engine: GGUF Q4_K (2 tensors), Q6_K (4 tensors) weights are expanded to {dtype_name} at load (the engine "
-        f"keeps only Q4_0, Q4_1, Q8_0 matrices quantized): {float_size} in memory instead of 282.0 KiB in the file")
+        f"engine: GGUF Q2_K (2 tensors), Q3_K (4 tensors) weights are expanded to {dtype_name} at load (the engine "
+        f"keeps only Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K matrices quantized): {float_size} in memory instead of "
+        "152.0 KiB in the file")
     w = ck.weights
     assert isinstance(w["model.layers.0.self_attn.q_proj.weight"], QuantizedWeight)
     up = w["model.layers.1.mlp.up_proj.weight"]
     assert not isinstance(up, QuantizedWeight) and up.dtype == dtype and up.shape == (SIDE, SIDE)
-    expect = gguf.quants.dequantize(random_blocks((SIDE, SIDE), Q.Q6_K), Q.Q6_K)
+    expect = gguf.quants.dequantize(random_blocks((SIDE, SIDE), Q.Q3_K), Q.Q3_K)
     torch.testing.assert_close(up, torch.from_numpy(np.asarray(expect, dtype=np.float32)).to(dtype), rtol=0, atol=0)
 
 
@@ -68,7 +69,7 @@ def test_dequantize_true_says_it_at_info_level_only(kquant_gguf, caplog):
         load_checkpoint(kquant_gguf, dequantize=True)
     (rec,) = [r for r in _engine_records(caplog) if "expanded" in r.getMessage()]
     assert rec.levelno == logging.INFO
-    assert rec.getMessage().startswith("engine: GGUF Q4_0 (2 tensors), Q4_K (2 tensors), Q6_K (4 tensors) weights are "
+    assert rec.getMessage().startswith("engine: GGUF Q4_0 (2 tensors), Q2_K (2 tensors), Q3_K (4 tensors) weights are "
                                        "expanded to float32 at load (dequantize=True): ")
 
 

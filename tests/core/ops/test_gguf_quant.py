@@ -9,9 +9,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from engine.core.ops.gguf_quant import (
+    ALL_QTYPES,
     GGUF_QTYPES,
     Q4_0,
     Q4_1,
+    Q4_K,
     Q8_0,
     gguf_dequantize,
     gguf_linear,
@@ -31,9 +33,9 @@ def numpy_dequant(raw: torch.Tensor, qtype: int) -> torch.Tensor:
 
 
 def test_qtype_values_match_gguf():
-    for q, (name, block_bytes) in GGUF_QTYPES.items():
+    for q, (name, block, block_bytes) in ALL_QTYPES.items():
         assert gguf.GGMLQuantizationType[name].value == q
-        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(q)] == (32, block_bytes)
+        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(q)] == (block, block_bytes)
 
 
 @pytest.mark.parametrize("case,dtype", DEQ_PARAMS)
@@ -123,8 +125,10 @@ def test_bad_inputs():
         gguf_dequantize.reference(raw, Q4_1, 64, torch.float32)  # 36 bytes is not 2 Q4_1 blocks
     with pytest.raises(TypeError, match="uint8"):
         gguf_dequantize.reference(raw.view(torch.int8), Q4_0, 64, torch.float32)
-    with pytest.raises(ValueError, match="Q4_0"):
-        gguf_dequantize(raw, 12, 64, torch.float32)  # through dispatch: every implementation declines
+    with pytest.raises(ValueError, match="Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14"):
+        gguf_dequantize(raw, 7, 64, torch.float32)  # through dispatch (Q5_1): every implementation declines
+    with pytest.raises(ValueError, match="multiple of 256 for Q4_K"):
+        gguf_dequantize.reference(raw, Q4_K, 64, torch.float32)
     with pytest.raises(ValueError, match=r"\[\.\.\., 64\]"):
         gguf_linear.reference(torch.randn(3, 32), raw, Q4_0, 64)
     with pytest.raises(TypeError, match="floating"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.core.ops.gguf_kquants import K_QTYPES
 from engine.core.ops.gguf_q8act import gguf_linear_q8act
 from engine.core.ops.gguf_quant import gguf_dequantize, gguf_linear
 from engine.core.testing.conformance import fresh_seed
@@ -16,13 +17,19 @@ FP16 = torch.float16
 LINEAR_TOL = dict(atol=2e-3, rtol=2e-3)  # one fp16 rounding of O(1) outputs, fp32 sums in another order
 
 
-@pytest.mark.parametrize("op,impl", [(gguf_linear, "fused"), (gguf_linear, "dequant_matmul"),
-                                     (gguf_linear_q8act, "native")], ids=lambda v: getattr(v, "name", v))
-def test_gguf_linears_take_fp16_activations(registry, op, impl):
+@pytest.mark.parametrize("op,impl,kquants", [(gguf_linear, "fused", False), (gguf_linear, "kquant", True),
+                                             (gguf_linear, "dequant_matmul", None),
+                                             (gguf_linear_q8act, "native", False)],
+                         ids=lambda v: getattr(v, "name", v))
+def test_gguf_linears_take_fp16_activations(registry, op, impl, kquants):
+    """Each implementation on the op's cases of the types it is for (kquants: the K-quants only, False: none of
+    them, None: all)."""
     kernel = next(i for i in registry.implementations(op) if i.name == impl)
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
-    for case in op.cases:
+    cases = [c for c in op.cases if kquants is None or (c.params["qtype"] in K_QTYPES) == kquants]
+    assert cases
+    for case in cases:
         x, raw, qtype, cols = op.make_inputs(dict(case.params), FP16, "cpu", gen)
         assert kernel.verdict((x, raw, qtype, cols)) is None, case.name
         got = kernel.fn(x, raw, qtype, cols)

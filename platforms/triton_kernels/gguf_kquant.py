@@ -1,0 +1,167 @@
+"""GGUF K-quants (Q4_K, Q5_K, Q6_K: super-blocks of 256 elements, layouts in engine/core/ops/gguf_kquants.py) in
+Triton: ``gguf_dequantize`` and ``gguf_linear`` on the raw bytes, kept as they are in memory.
+
+A program decodes one super-block of BLOCK_N rows at a time into an fp32 tile [BLOCK_N, 256]: each element's quant
+bits, its sub-block's 6-bit scale and minimum (Q4_K, Q5_K) or int8 scale (Q6_K) are byte loads at offsets computed
+from the element's index (the rows are only 2-byte aligned, as in gguf_linear.py; the bytes a program re-reads for
+the scales stay in L1). Values are the reference's: (d * sc) * q - (dmin * m) and (d * sc) * (q - 32) in fp32, the
+dequantize launched without FMA contraction, then rounded once to the output dtype.
+
+``gguf_linear`` runs on tensor cores at every M (x padded to 16 rows): the decoded tile, rounded to x's dtype as the
+op's bf16 tolerance allows (fp32 x: ``input_precision="ieee"``), times x^T [256, BLOCK_M], fp32 accumulation. Not
+tuned: no split-K for small N, no CUDA-core GEMV at M = 1 (gguf_linear.py has both for the 32-element types).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.core.ops.gguf_kquants import K_QTYPES, QK_K
+from engine.core.ops.gguf_quant import gguf_dequantize, gguf_linear
+from engine.platforms.triton_kernels import interpreting
+from engine.platforms.triton_kernels.gguf_linear import X_DTYPES, _f16_at, _round_to
+
+PRIORITY = 10
+BLOCK_N = 32
+DEQUANT_BLOCK_N = 16
+
+
+@triton.jit
+def _kquant_tile(rows_ptr, rmask, sb, QTYPE: tl.constexpr, BYTES: tl.constexpr):
+    """fp32 values [BLOCK_N, 256] of super-block ``sb`` of the rows starting at ``rows_ptr`` [BLOCK_N, 1]."""
+    e = tl.arange(0, 256)[None, :]
+    base = rows_ptr + sb * BYTES
+    if QTYPE == 14:  # Q6_K
+        h = e // 128
+        s = (e % 128) // 32
+        i = e % 32
+        ql = tl.load(base + 64 * h + 32 * (s % 2) + i, mask=rmask, other=0).to(tl.int32)
+        qh = tl.load(base + 128 + 32 * h + i, mask=rmask, other=0).to(tl.int32)
+        q = ((ql >> (4 * (s // 2))) & 15) | (((qh >> (2 * s)) & 3) << 4)
+        sc = tl.load(base + 192 + e // 16, mask=rmask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        d = _f16_at(base + 208, rmask)
+        return (d * sc) * (q - 32).to(tl.float32)
+    else:  # Q4_K, Q5_K
+        j = e // 32
+        i = e % 32
+        QS: tl.constexpr = 48 if QTYPE == 13 else 16
+        q = (tl.load(base + QS + 32 * (e // 64) + i, mask=rmask, other=0).to(tl.int32) >> (4 * (j % 2))) & 15
+        if QTYPE == 13:
+            q = q | (((tl.load(base + 16 + i, mask=rmask, other=0).to(tl.int32) >> j) & 1) << 4)
+        lo = j < 4
+        b_j = tl.load(base + 4 + tl.where(lo, j, j + 4), mask=rmask, other=0).to(tl.int32)
+        b_m = tl.load(base + 4 + tl.where(lo, j + 4, j - 4), mask=rmask, other=0).to(tl.int32)
+        b_x = tl.load(base + 4 + j, mask=rmask, other=0).to(tl.int32)
+        sc = tl.where(lo, b_j & 63, (b_j & 15) | ((b_m >> 6) << 4)).to(tl.float32)
+        mn = tl.where(lo, b_m & 63, (b_j >> 4) | ((b_x >> 6) << 4)).to(tl.float32)
+        d = _f16_at(base, rmask)
+        dmin = _f16_at(base + 2, rmask)
+        return (d * sc) * q.to(tl.float32) - dmin * mn
+
+
+@triton.jit
+def _dequant_kernel(raw_ptr, out_ptr, N, stride_r, stride_o, QTYPE: tl.constexpr, BYTES: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    sb = tl.program_id(1)
+    rmask = (rows < N)[:, None]
+    rows64 = rows.to(tl.int64)[:, None]
+    w = _kquant_tile(raw_ptr + rows64 * stride_r, rmask, sb, QTYPE, BYTES)
+    e = tl.arange(0, 256)[None, :]
+    tl.store(out_ptr + rows64 * stride_o + sb * 256 + e, _round_to(w, out_ptr.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, stride_xm, stride_wn, stride_om, QTYPE: tl.constexpr,
+                   BYTES: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ms = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < N
+    mmask = ms < M
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    x_cols = x_ptr + ms.to(tl.int64)[None, :] * stride_xm  # [1, BM]
+    c = tl.arange(0, 256)[:, None]
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for sb in range(0, NB):
+        w = _kquant_tile(w_rows, rmask[:, None], sb, QTYPE, BYTES)
+        xt = tl.load(x_cols + sb * 256 + c, mask=mmask[None, :], other=0.0)  # x^T [256, BM]
+        if INTERPRET:  # the interpreter's bf16 dot is wrong; fp32 tiles give the right answer
+            acc = tl.dot(w.to(dt).to(tl.float32), xt.to(tl.float32), acc)
+        elif dt == tl.float32:
+            acc = tl.dot(w, xt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w.to(dt), xt, acc)
+    tl.store(out_ptr + ms.to(tl.int64)[None, :] * stride_om + rows[:, None], acc.to(out_ptr.dtype.element_ty),
+             mask=rmask[:, None] & mmask[None, :])
+
+
+def dequantize(raw: torch.Tensor, qtype: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """gguf_dequantize for the K-quants: raw [N, row_bytes] -> [N, cols] in ``dtype``."""
+    if raw.stride(-1) != 1:
+        raw = raw.contiguous()
+    n, nb = raw.shape[0], cols // QK_K
+    out = torch.empty((n, cols), dtype=dtype, device=raw.device)
+    if n and nb:
+        _dequant_kernel[(triton.cdiv(n, DEQUANT_BLOCK_N), nb)](
+            raw, out, n, raw.stride(0), out.stride(0), QTYPE=qtype, BYTES=K_QTYPES[qtype][1],
+            BLOCK_N=DEQUANT_BLOCK_N, num_warps=4, enable_fp_fusion=False)
+    return out
+
+
+def linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+    """gguf_linear for the K-quants: x [..., cols] @ dequant(raw)^T -> [..., N] in x.dtype."""
+    lead, n = x.shape[:-1], raw.shape[0]
+    x2 = x.reshape(-1, cols)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if raw.stride(-1) != 1:
+        raw = raw.contiguous()
+    m = x2.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m and n:
+        block_m = min(64, max(16, triton.next_power_of_2(m)))
+        _linear_kernel[(triton.cdiv(n, BLOCK_N), triton.cdiv(m, block_m))](
+            x2, raw, out, m, n, cols // QK_K, x2.stride(0), raw.stride(0), out.stride(0), QTYPE=qtype,
+            BYTES=K_QTYPES[qtype][1], INTERPRET=interpreting(), BLOCK_M=block_m, BLOCK_N=BLOCK_N, num_warps=4,
+            num_stages=2)
+    return out.view(*lead, n)
+
+
+def _raw_verdict(device_type: str, raw, qtype, cols):
+    if not isinstance(raw, torch.Tensor) or raw.device.type != device_type:
+        return f"raw must be a tensor on {device_type}"
+    if qtype not in K_QTYPES:
+        return f"qtype {qtype} is not a K-quant (Q4_K=12, Q5_K=13, Q6_K=14)"
+    if raw.dtype != torch.uint8 or raw.dim() != 2:
+        return "raw must be a 2-D uint8 tensor"
+    if cols <= 0 or cols % QK_K or raw.shape[1] != cols // QK_K * K_QTYPES[qtype][1]:
+        return f"raw shape {list(raw.shape)} does not hold {cols} columns of {K_QTYPES[qtype][0]}"
+    return True
+
+
+def register(registry, device_type: str, capability=None) -> None:
+    def supports_dequantize(raw, qtype, cols, dtype):
+        if dtype not in X_DTYPES:
+            return f"output dtype {dtype} not supported (fp32, bf16, fp16)"
+        return _raw_verdict(device_type, raw, qtype, cols)
+
+    def supports_linear(x, raw, qtype, cols):
+        if not isinstance(x, torch.Tensor) or x.device.type != device_type:
+            return f"x must be a tensor on {device_type}"
+        if x.dtype not in X_DTYPES:
+            return f"x dtype {x.dtype} not supported (fp32, bf16, fp16)"
+        if x.dim() < 1 or x.shape[-1] != cols:
+            return f"x must be [..., {cols}]"
+        ok = _raw_verdict(device_type, raw, qtype, cols)
+        return "x and raw must be on the same device" if ok is True and raw.device != x.device else ok
+
+    registry.register(gguf_dequantize, dequantize, name="triton_gguf_kquant_dequantize",
+                      supports=supports_dequantize, priority=PRIORITY,
+                      note="Triton, Q4_K/Q5_K/Q6_K super-blocks from the raw bytes; bit-exact with the reference")
+    registry.register(gguf_linear, linear, name="triton_gguf_kquant_linear", supports=supports_linear,
+                      priority=PRIORITY,
+                      note="Triton, Q4_K/Q5_K/Q6_K decoded per super-block into tensor-core tiles (weight rounded "
+                           "to x.dtype); not tuned")
