@@ -9,8 +9,10 @@ the batch at the same context length so that SDPA needs no mask. Prints the medi
              ``enable_gqa=True``: the peer (torch's own fused CPU attention, without paging);
 
 the ratios reference/native and sdpa/native (> 1: native is faster), the KV bytes the native kernel
-streams per second, and the per-token cost for 30 layers. Run:
-``python benchmarks/bench_cpu_attention.py [--threads N] [--isa NAME] [--dtype bf16|fp32]``.
+streams per second, and the per-token cost for 30 layers. ``--mla``: the same for ``mla_decode`` on DeepSeek-V3's
+latent rows (16 heads, as a TP-8 shard holds, against one shared cache of 512 + 64 channels; SDPA on the latent rows
+laid out contiguously as one KV head). Run:
+``python benchmarks/bench_cpu_attention.py [--threads N] [--isa NAME] [--dtype bf16|fp32] [--mla]``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 from cpu_timing import median_seconds
 
 from engine.core.ops.attention import make_paged_layout, paged_attention_decode
+from engine.core.ops.mla import mla_decode
 from engine.core.ops.registry import active_registry
 from engine.platforms.cpu import _native
 
@@ -45,11 +48,46 @@ def case(batch: int, ctx: int, dtype: torch.dtype, gen: torch.Generator):
     return (q, kc, vc, table, seq_lens, D ** -0.5), (q.unsqueeze(2), k, v)
 
 
+MLA_H, MLA_RANK, MLA_ROPE = 16, 512, 64
+
+
+def mla_case(batch: int, ctx: int, dtype: torch.dtype, gen: torch.Generator):
+    table, num_blocks = make_paged_layout([ctx] * batch, BLOCK, gen)
+    d = MLA_RANK + MLA_ROPE
+    cache = torch.randn(num_blocks, BLOCK, d, generator=gen).to(dtype)
+    q = torch.randn(batch, MLA_H, d, generator=gen).to(dtype)
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32)
+    rows = cache[table[:, : ctx // BLOCK].long()].flatten(1, 2)[:, :ctx].unsqueeze(1).contiguous()  # [B, 1, L, d]
+    return (q, cache, table, seq_lens, d ** -0.5, MLA_RANK), (q.unsqueeze(2), rows, rows[..., :MLA_RANK])
+
+
+def run_mla(dtype: torch.dtype, gen: torch.Generator) -> None:
+    d = MLA_RANK + MLA_ROPE
+    print(f"mla_decode, DeepSeek-V3 latent (H={MLA_H}, Dqk={d}, v={MLA_RANK}), block {BLOCK}")
+    print(f"{'B':>3} {'ctx':>5} | {'native us':>10} {'ref us':>10} {'sdpa us':>10} | {'ref/nat':>8} "
+          f"{'sdpa/nat':>8} | {'KV GB/s':>8}")
+    for batch in (1, 8):
+        for ctx in (512, 2048):
+            paged, sdpa = mla_case(batch, ctx, dtype, gen)
+            impl = active_registry().select(mla_decode, paged)
+            assert impl.platform == "cpu", f"dispatch chose {impl.qualname}"
+            torch.testing.assert_close(mla_decode(*paged).float(), mla_decode.reference(*paged).float(), atol=2e-2,
+                                       rtol=2e-2)
+            t_nat = median_seconds(lambda p=paged: mla_decode(*p))
+            t_ref = median_seconds(lambda p=paged: mla_decode.reference(*p))
+            t_sdpa = median_seconds(lambda s=sdpa: F.scaled_dot_product_attention(*s, scale=d ** -0.5,
+                                                                                  enable_gqa=True))
+            kv_bytes = batch * ctx * d * paged[1].element_size()
+            print(f"{batch:>3} {ctx:>5} | {t_nat * 1e6:>10.1f} {t_ref * 1e6:>10.1f} {t_sdpa * 1e6:>10.1f} | "
+                  f"{t_ref / t_nat:>8.2f} {t_sdpa / t_nat:>8.2f} | {kv_bytes / t_nat / 1e9:>8.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=None, help="native threads (default: ENGINE_NUM_THREADS / all)")
     ap.add_argument("--isa", default=None, help="force a native ISA variant (avx512, avx2, scalar)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--mla", action="store_true", help="mla_decode on DeepSeek-V3's latent rows instead")
     args = ap.parse_args()
     if args.threads:
         _native.set_num_threads(args.threads)
@@ -58,6 +96,8 @@ def main() -> None:
         _native.set_isa(args.isa)
     dtype = DTYPES[args.dtype]
     gen = torch.Generator().manual_seed(0)
+    if args.mla:
+        return run_mla(dtype, gen)
     print(f"paged decode attention, SmolLM2 heads (Hq={HQ}, Hk={HK}, D={D}), block {BLOCK}, {args.dtype}, "
           f"native isa={_native.isa()} threads={_native.num_threads()}, torch threads={torch.get_num_threads()}")
     print(f"{'B':>3} {'ctx':>5} | {'native us':>10} {'ref us':>10} {'sdpa us':>10} | {'ref/nat':>8} "

@@ -101,7 +101,6 @@ class CpuPlatform(Platform):
                                         "path loads is FP8 (issue 27 brings FP8 checkpoints)")
         for op in ("nvfp4_quantize", "nvfp4_linear", "nvfp4_linear_w4a4"):
             registry.reference_only(op, "no native NVFP4 kernel: NVFP4 checkpoints target Blackwell GPUs")
-        registry.reference_only("mla_decode", "no native MLA decode kernel yet (issue 27: the MLA model family)")
 
     def fp16_linear_max_m(self, isa: str, cpuinfo: str) -> int | None:
         """Up to how many rows fp16 dense linears run the native kernel (0: never, None: every M); measured per

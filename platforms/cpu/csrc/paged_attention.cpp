@@ -53,8 +53,8 @@ void validate(const PagedAttnArgs& a) {
   if (a.dtype != DType::F32 && a.dtype != DType::BF16 && a.dtype != DType::F16)
     bad("dtype must be fp32, bf16 or fp16");
   if (a.hk <= 0 || a.hq <= 0 || a.hq % a.hk) bad("Hq must be a positive multiple of Hk");
-  if (a.head_dim < 16 || a.head_dim > kAttnMaxHeadDim || a.head_dim % 16)
-    bad("head_dim must be a multiple of 16 in [16, 256], got " + std::to_string(a.head_dim));
+  if ((a.head_dim < 16 || a.head_dim > kAttnMaxHeadDim || a.head_dim % 16) && a.head_dim != kAttnLatentDim)
+    bad("head_dim must be a multiple of 16 in [16, 256] or 576, got " + std::to_string(a.head_dim));
   if (a.block_size <= 0 || a.num_blocks != a.v_num_blocks)
     bad("key and value caches must have the same number of blocks, and block_size > 0");
   if (a.bt_rows != a.num_seqs) bad("block_tables has " + std::to_string(a.bt_rows) + " rows for " +

@@ -14,7 +14,10 @@
 
 namespace engine_cpu {
 
-constexpr int64_t kAttnMaxHeadDim = 256;  // head_dim must be a multiple of 16 in [16, 256]
+constexpr int64_t kAttnMaxHeadDim = 256;  // head_dim must be a multiple of 16 in [16, 256], or kAttnLatentDim
+// DeepSeek-V2/V3's latent rows (kv_lora_rank 512 + rope 64): MLA's absorbed attention is this attention with one KV
+// head of 576 channels, the values being the first 512 (engine/platforms/cpu/kernels/mla.py).
+constexpr int64_t kAttnLatentDim = 576;
 
 struct PagedAttnArgs {
   const void* q;  // [T, Hq, D], contiguous

@@ -198,7 +198,7 @@ ENGINE_VEC_FN void attn_tile_impl(const AttnTile& t) {
   }
 }
 
-// head_dim / 16 picks NV = head_dim / W (head_dim is a multiple of 16 in [16, 256], validated); the
+// head_dim / 16 picks NV = head_dim / W (head_dim is a multiple of 16 in [16, 256] or MLA's 576, validated); the
 // storage dtype (fp32, bf16, fp16) the loads and stores.
 template <class V>
 ENGINE_VEC_FN void attn_tile_dispatch(const AttnTile& t) {
@@ -213,6 +213,7 @@ ENGINE_VEC_FN void attn_tile_dispatch(const AttnTile& t) {
     ENGINE_ATTN_CASE(5) ENGINE_ATTN_CASE(6) ENGINE_ATTN_CASE(7) ENGINE_ATTN_CASE(8)
     ENGINE_ATTN_CASE(9) ENGINE_ATTN_CASE(10) ENGINE_ATTN_CASE(11) ENGINE_ATTN_CASE(12)
     ENGINE_ATTN_CASE(13) ENGINE_ATTN_CASE(14) ENGINE_ATTN_CASE(15) ENGINE_ATTN_CASE(16)
+    ENGINE_ATTN_CASE(kAttnLatentDim / 16)
 #undef ENGINE_ATTN_CASE
     default: break;  // unreachable: paged_attention() validated head_dim
   }

@@ -17,6 +17,14 @@ from engine.platforms.cpu import _native
 from ._common import PRIORITY, STORAGE_CODE, STORAGE_NAMES, isa_note
 
 _MAX_HEAD_DIM = 256
+LATENT_DIM = 576  # DeepSeek-V2/V3's latent rows (512 + 64), the one width above _MAX_HEAD_DIM (csrc kAttnLatentDim)
+
+
+def head_dim_verdict(d: int):
+    """None where the native attention takes head_dim ``d``, else why not."""
+    if d == LATENT_DIM or (d % 16 == 0 and 16 <= d <= _MAX_HEAD_DIM):
+        return None
+    return f"head_dim {d} not supported (a multiple of 16 up to {_MAX_HEAD_DIM}, or {LATENT_DIM})"
 
 
 def _on_cpu(*tensors) -> bool:
@@ -35,8 +43,8 @@ def _supports_attention(q, key_cache, value_cache, block_tables, seq_lens):
     bs, hk = key_cache.shape[1], key_cache.shape[2]
     if key_cache.shape[3] != d or hk == 0 or hq % hk or bs == 0:
         return "need cache head_dim == q head_dim, Hq a multiple of Hk, block_size > 0"
-    if d % 16 or not 16 <= d <= _MAX_HEAD_DIM:
-        return f"head_dim {d} not supported (a multiple of 16 up to {_MAX_HEAD_DIM})"
+    if (why := head_dim_verdict(d)) is not None:
+        return why
     if not (q.is_contiguous() and key_cache.is_contiguous() and value_cache.is_contiguous()):
         return "q and the caches must be contiguous"
     if block_tables.dtype != torch.int32 or block_tables.dim() != 2:
@@ -68,6 +76,11 @@ def _attention(q, key_cache, value_cache, block_tables, cu_seqlens_q, cu_len, se
                             seq_lens.data_ptr(), seq_lens.shape[0], cu_seqlens_q, cu_len, out.data_ptr(), scale,
                             STORAGE_CODE[q.dtype])
     return out
+
+
+def attention_decode(q, key_cache, value_cache, block_tables, seq_lens, scale):
+    """The native decode on tensors already checked (kernels/mla.py calls it with one cache as keys and values)."""
+    return _attention(q, key_cache, value_cache, block_tables, 0, 0, seq_lens, scale)
 
 
 def _decode(q, key_cache, value_cache, block_tables, seq_lens, scale):
