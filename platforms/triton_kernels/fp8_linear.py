@@ -508,13 +508,33 @@ def triton_fp8_quantize(x: torch.Tensor, fp8_dtype: str, group_size: int):
 # registration
 
 
+# torch's XPU build runs _scaled_mm through oneDNN (aten/src/ATen/native/mkldnn/xpu/ScaledBlas.cpp), tensor-wise and
+# row-wise scales, from torch 2.10 on (before, "aten::_scaled_mm.out is not currently implemented for the XPU
+# device"; intel/torch-xpu-ops#1550). Read from the sources, not run on Intel hardware here.
+XPU_SCALED_MM_SINCE = (2, 10)
+
+
+def xpu_scaled_mm_gate(torch_version: str, has_scaled_mm: bool) -> tuple[bool, str]:
+    """Whether this torch runs fp8_linear's per-tensor / row-wise cases through ``torch._scaled_mm`` (oneDNN) on
+    Intel GPUs, and why (pure, so the gate is tested on any machine)."""
+    try:
+        version = tuple(int(p) for p in torch_version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False, f"torch version {torch_version!r} is not understood"
+    since = ".".join(map(str, XPU_SCALED_MM_SINCE))
+    if not has_scaled_mm or version < XPU_SCALED_MM_SINCE:
+        return False, f"torch {torch_version} has no XPU torch._scaled_mm (oneDNN FP8 GEMM) yet: torch >= {since}"
+    return True, (f"torch {torch_version}: torch._scaled_mm on XPU is oneDNN's FP8 GEMM (torch >= {since}); "
+                  "not run on Intel hardware here")
+
+
 def scaled_mm_supports_for(device_type: str, capability=None):
     """The ``supports`` of the ``scaled_mm`` implementation registered for ``device_type`` / ``capability``."""
     native = native_fp8_dtypes(device_type, capability)
 
     def supports(x_q, x_scale, w_q, w_scale, bias, out_dtype):
-        if device_type != "cuda":
-            return f"torch._scaled_mm runs on CUDA/HIP devices only, not {device_type}"
+        if device_type not in ("cuda", "xpu"):
+            return f"torch._scaled_mm runs on CUDA/HIP and XPU devices only, not {device_type}"
         if capability is not None and tuple(capability) < (8, 9):
             return f"torch._scaled_mm needs compute capability >= 8.9, this device is {tuple(capability)}"
         if not isinstance(x_q, torch.Tensor) or x_q.device.type != device_type:
@@ -527,7 +547,8 @@ def scaled_mm_supports_for(device_type: str, capability=None):
 
 
 def register(registry, device_type: str, capability=None) -> None:
-    """``scaled_mm`` (CUDA/HIP only), ``triton_fp8_gemm`` and ``triton_quant`` for tensors on ``device_type``."""
+    """``scaled_mm`` (CUDA/HIP, and XPU where torch runs it through oneDNN), ``triton_fp8_gemm`` and ``triton_quant``
+    for tensors on ``device_type``."""
     native = native_fp8_dtypes(device_type, capability)
     too_old = device_type == "cuda" and capability is not None and tuple(capability) < (8, 9)
 
@@ -557,14 +578,18 @@ def register(registry, device_type: str, capability=None) -> None:
     # fp32 conformance cases with K, N multiples of 16 are e4m3fn per-tensor ones). Where it cannot run it is
     # recorded as skipped, with the reason (a registration that can never run is an error).
     runs = device_type == "cuda" and not too_old and bool(native)
+    note = "torch._scaled_mm: per-tensor (any output) and row-wise (bf16 output) scales"
+    why_not = ("torch._scaled_mm needs a CUDA device with FP8 tensor cores (compute capability >= 8.9) or an XPU "
+               f"torch >= 2.10; here: {device_type}, capability {capability}")
+    if device_type == "xpu":
+        runs, why = xpu_scaled_mm_gate(torch.__version__, hasattr(torch, "_scaled_mm"))
+        note, why_not = f"{note}; {why}", why
     if runs:
         claims = (torch.bfloat16, torch.float32) if torch.float8_e4m3fn in native else (torch.bfloat16,)
         registry.register(fp8_linear, scaled_mm_linear, name="scaled_mm", supports=scaled_mm_supports_for(
-                          device_type, capability), priority=SCALED_MM_PRIORITY, dtypes=claims,
-                          note="torch._scaled_mm: per-tensor (any output) and row-wise (bf16 output) scales")
+                          device_type, capability), priority=SCALED_MM_PRIORITY, dtypes=claims, note=note)
     else:
-        registry.skip(fp8_linear, "scaled_mm", "torch._scaled_mm needs a CUDA device with FP8 tensor cores (compute "
-                      f"capability >= 8.9); here: {device_type}, capability {capability}")
+        registry.skip(fp8_linear, "scaled_mm", why_not)
     # The Triton kernels run wherever an FP8 flavour is native (or interpreted); elsewhere they are skipped.
     if (native or interpreting()) and not too_old:
         registry.register(fp8_linear, triton_fp8_linear, name="triton_fp8_gemm", supports=gemm_supports,

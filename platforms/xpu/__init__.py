@@ -1,4 +1,4 @@
-"""The xpu platform (Intel GPUs): Triton kernels; oneDNN for W8A8 FP8 when installed.
+"""The xpu platform (Intel GPUs): Triton kernels; W8A8 FP8 through torch's oneDNN _scaled_mm (torch >= 2.10).
 
 Only the cheap probe lives here; the Platform subclass is in ``platform.py``.
 """

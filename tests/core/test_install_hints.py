@@ -8,7 +8,8 @@ from pathlib import Path
 
 from engine.platforms import cuda, rocm, xpu
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text(encoding="utf-8")
 
 
 def test_cuda_hint_is_the_readmes_gpu_set_up():
@@ -30,3 +31,15 @@ def test_one_torch_pin_everywhere():
     assert len(pins) == 1, pins
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text(encoding="utf-8")
     assert set(re.findall(r"torch==([0-9.]+)", ci)) == pins
+
+
+def test_rocm_and_xpu_extras_leave_torchs_own_triton_alone():
+    """ROCm and XPU torch bring their own Triton build in the `triton` package; an extra asking for upstream `triton`
+    would overwrite it (and XPU's FP8 GEMM is oneDNN inside torch: no `onednn` wheel either)."""
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {k: {re.split(r"[<>=!~\[; ]", dep)[0].lower() for dep in v} for k, v in extras.items()}
+    assert "triton" not in names["rocm"] and "triton" not in names["xpu"], names
+    assert names["xpu"] == set() and names["rocm"] == {"amd-aiter"}, names
+    assert "triton" in names["cuda"]

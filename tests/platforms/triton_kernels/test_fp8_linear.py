@@ -189,7 +189,29 @@ def test_scaled_mm_gate(registry, gen):
     cpu_args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
     assert "8.9" in fl.scaled_mm_supports_for("cuda", (8, 6))(*cpu_args, torch.bfloat16)
     assert "must be on cuda" in fl.scaled_mm_supports_for("cuda", (9, 0))(*cpu_args, torch.bfloat16)
-    assert "CUDA" in fl.scaled_mm_supports_for("xpu", None)(*cpu_args, torch.bfloat16)
+    assert "must be on xpu" in fl.scaled_mm_supports_for("xpu", None)(*cpu_args, torch.bfloat16)
+    assert "CUDA" in fl.scaled_mm_supports_for("cpu", None)(*cpu_args, torch.bfloat16)
+
+
+def test_xpu_scaled_mm_gate_and_registration():
+    """XPU runs per-tensor / row-wise fp8_linear through torch._scaled_mm (oneDNN) from torch 2.10 on: the gate on
+    versions, and what an XPU registration records under this torch (an Intel GPU is not needed to register)."""
+    assert fl.xpu_scaled_mm_gate("2.13.0+xpu", True)[0]
+    assert fl.xpu_scaled_mm_gate("2.10.0", True)[0]
+    ok, why = fl.xpu_scaled_mm_gate("2.9.1+xpu", True)
+    assert not ok and "torch >= 2.10" in why
+    assert not fl.xpu_scaled_mm_gate("2.13.0", False)[0]
+    assert "not understood" in fl.xpu_scaled_mm_gate("nightly", True)[1]
+    reg = KernelRegistry("xpu")
+    fl.register(reg, "xpu", None)
+    runs, why = fl.xpu_scaled_mm_gate(torch.__version__, hasattr(torch, "_scaled_mm"))
+    names = [i.name for i in reg.implementations(fp8_linear)]
+    assert ("scaled_mm" in names) == runs and "triton_fp8_gemm" in names
+    if runs:
+        impl = next(i for i in reg.implementations(fp8_linear) if i.name == "scaled_mm")
+        assert "oneDNN" in impl.note and "not run on Intel hardware" in impl.note
+    else:
+        assert [s.reason for s in reg.skipped(fp8_linear) if s.name == "scaled_mm"] == [why]
 
 
 def test_scaled_mm_verdict_rules(gen):
