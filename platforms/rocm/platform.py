@@ -13,7 +13,8 @@ class RocmPlatform(TorchAcceleratorPlatform):
     name = "rocm"
     device_type = "cuda"  # HIP builds of torch reuse the cuda device type
     priority = 100
-    description = "AMD GPUs: AITER when installed, portable Triton otherwise; RCCL"
+    description = ("AMD GPUs: AITER's MLA decode and FP8 GEMMs on gfx942/gfx950 where aiter imports, the portable Triton "
+                   "kernels for the rest; RCCL. Not run on AMD hardware here")
     dist_backend = "nccl"
     device_control_env_var = "HIP_VISIBLE_DEVICES"
 
@@ -31,7 +32,11 @@ class RocmPlatform(TorchAcceleratorPlatform):
         return torch.float8_e4m3fnuz if fp8_is_fnuz(self.gcn_arch()) else torch.float8_e4m3fn
 
     def register_kernels(self, registry) -> None:
-        """The portable Triton kernels on ROCm's Triton backend (AITER adapters come next to them)."""
+        """The portable Triton kernels on ROCm's Triton backend, and AITER's adapters above them where aiter imports
+        on an arch it is built for (aiter_kernels.py)."""
         from engine.platforms import triton_kernels
 
+        from . import aiter_kernels
+
         triton_kernels.register(registry, self.device_type, None)
+        aiter_kernels.register(registry, self.gcn_arch(), self.fp8_dtype())
