@@ -13,8 +13,8 @@ class RocmPlatform(TorchAcceleratorPlatform):
     name = "rocm"
     device_type = "cuda"  # HIP builds of torch reuse the cuda device type
     priority = 100
-    description = ("AMD GPUs: AITER's MLA decode and FP8 GEMMs on gfx942/gfx950 where aiter imports, the portable Triton "
-                   "kernels for the rest; RCCL. Not run on AMD hardware here")
+    description = ("AMD GPUs: AITER's MLA decode and FP8 GEMMs on gfx942/gfx950 where aiter imports, the portable "
+                   "Triton kernels for the rest; RCCL. Not run on AMD hardware here")
     dist_backend = "nccl"
     device_control_env_var = "HIP_VISIBLE_DEVICES"
 
