@@ -74,6 +74,70 @@ ENGINE_VEC_FN inline void decode_q6k(const uint8_t* b, float* o) {
   }
 }
 
+// The decode GEMV's row: sum_k x[k] * dequant(row)[k], as sum over sub-blocks j of a_j * (q . x)_j - c_j * sum(x_j):
+// 32 lane accumulators, each updated element-wise (no cross-lane sum inside the loop, so the compiler vectorizes it
+// without reassociating anything), summed once at the end. xsum: the sums of x over each 32 (Q4_K / Q5_K) columns.
+template <int kQ>
+ENGINE_VEC_FN inline float kquant_row_dot(const uint8_t* b, int64_t k, const float* x, const float* xsum) {
+  float acc[32] = {};
+  float off = 0.0f;
+  constexpr int kBytes = kQ == kQ4_K ? 144 : kQ == kQ5_K ? 176 : 210;
+  for (int64_t c0 = 0; c0 < k; c0 += 256, b += kBytes) {
+    if constexpr (kQ == kQ6_K) {
+      const float d = fp16_to_f32(load_fp16(b + 208));
+      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = b + 64 * h;
+        const uint8_t* qh = b + 128 + 32 * h;
+        const float* xs = x + c0 + 128 * h;
+        for (int t = 0; t < 2; ++t) {
+          const float a0 = d * static_cast<float>(sc[8 * h + t]), a1 = d * static_cast<float>(sc[8 * h + 2 + t]);
+          const float a2 = d * static_cast<float>(sc[8 * h + 4 + t]), a3 = d * static_cast<float>(sc[8 * h + 6 + t]);
+          for (int i = 16 * t; i < 16 * t + 16; ++i) {
+            const int l0 = ql[i], l1 = ql[32 + i], hb = qh[i];
+            acc[i] += a0 * (static_cast<float>(((l0 & 15) | ((hb & 3) << 4)) - 32) * xs[i]) +
+                      a1 * (static_cast<float>(((l1 & 15) | (((hb >> 2) & 3) << 4)) - 32) * xs[32 + i]) +
+                      a2 * (static_cast<float>(((l0 >> 4) | (((hb >> 4) & 3) << 4)) - 32) * xs[64 + i]) +
+                      a3 * (static_cast<float>(((l1 >> 4) | (((hb >> 6) & 3) << 4)) - 32) * xs[96 + i]);
+          }
+        }
+      }
+    } else {
+      float a[8], c[8];
+      scale_min_k4(b + 4, fp16_to_f32(load_fp16(b)), fp16_to_f32(load_fp16(b + 2)), a, c);
+      const uint8_t* qh = b + 16;
+      const uint8_t* qs = b + (kQ == kQ5_K ? 48 : 16);
+      for (int g = 0; g < 4; ++g) {
+        const uint8_t* q = qs + 32 * g;
+        const float* x0 = x + c0 + 64 * g;
+        const float a0 = a[2 * g], a1 = a[2 * g + 1];
+        for (int i = 0; i < 32; ++i) {
+          int lo = q[i] & 15, hi = q[i] >> 4;
+          if constexpr (kQ == kQ5_K) {
+            lo |= ((qh[i] >> (2 * g)) & 1) << 4;
+            hi |= ((qh[i] >> (2 * g + 1)) & 1) << 4;
+          }
+          acc[i] += a0 * (static_cast<float>(lo) * x0[i]) + a1 * (static_cast<float>(hi) * x0[32 + i]);
+        }
+        off += c[2 * g] * xsum[c0 / 32 + 2 * g] + c[2 * g + 1] * xsum[c0 / 32 + 2 * g + 1];
+      }
+    }
+  }
+  float s = 0.0f;
+  for (int i = 0; i < 32; ++i) s += acc[i];
+  return s - off;
+}
+
+// out[r] = kquant_row_dot of weight row r (w_stride bytes apart) for r < rows.
+ENGINE_VEC_FN inline void kquant_gemv(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k,
+                                      const float* x, const float* xsum, float* out) {
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* b = w + r * w_stride;
+    out[r] = qtype == kQ4_K ? kquant_row_dot<kQ4_K>(b, k, x, xsum)
+             : qtype == kQ5_K ? kquant_row_dot<kQ5_K>(b, k, x, xsum) : kquant_row_dot<kQ6_K>(b, k, x, xsum);
+  }
+}
+
 // rows weight rows of k (a multiple of 256) columns, w_stride bytes apart -> dst [rows][k] fp32.
 ENGINE_VEC_FN inline void kquant_decode_rows(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k,
                                              float* dst) {

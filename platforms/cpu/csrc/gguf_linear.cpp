@@ -129,6 +129,29 @@ void gguf_linear(const GgufLinearArgs& a) {
   }
 
   const int64_t tiles = (n + kPanelRows - 1) / kPanelRows;
+  if (m == 1 && k_type) {  // K-quants: each row's super-blocks dotted with x as they are decoded
+    const auto gemv_k = kern.gemv_k != nullptr ? kern.gemv_k : gguf_linear_kernels_scalar().gemv_k;
+    thread_local std::vector<float> xsum_buf;
+    xsum_buf.resize(static_cast<size_t>(k / 32));
+    for (int64_t j = 0; j < k / 32; ++j) {
+      float s = 0.0f;
+      for (int i = 0; i < 32; ++i) s += x[32 * j + i];
+      xsum_buf[static_cast<size_t>(j)] = s;
+    }
+    const float* xsum = xsum_buf.data();
+    const int64_t grain = std::max<int64_t>(1, kMinChunkWork / (k * kPanelRows));
+    for_dynamic_chunks(tiles, grain, [&](int64_t t0, int64_t t1) {
+      constexpr int64_t kRows = 64;
+      float tmp[kRows];
+      for (int64_t n0 = t0 * kPanelRows, n1 = std::min(n, t1 * kPanelRows); n0 < n1; n0 += kRows) {
+        const int rows = static_cast<int>(std::min(kRows, n1 - n0));
+        gemv_k(a.qtype, a.w + n0 * a.w_stride, a.w_stride, rows, k, x, xsum, tmp);
+        if (a.dtype == DType::F32) std::memcpy(static_cast<float*>(a.y) + n0, tmp, sizeof(float) * rows);
+        else for (int j = 0; j < rows; ++j) static_cast<uint16_t*>(a.y)[n0 + j] = f32_to_bf16(tmp[j]);
+      }
+    });
+    return;
+  }
   if (m == 1 && kern.gemv != nullptr && !k_type) {
     const int64_t grain = std::max<int64_t>(1, kMinChunkWork / (k * kPanelRows));
     for_dynamic_chunks(tiles, grain, [&](int64_t t0, int64_t t1) {

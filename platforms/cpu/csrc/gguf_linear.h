@@ -87,6 +87,9 @@ struct GgufLinearKernels {
                const float* lut);
   // decode for the K-quants (Q4_K, Q5_K, Q6_K; k a multiple of 256); nullptr: the scalar build's
   void (*decode_k)(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, float* dst);
+  // M = 1 for the K-quants: out[r] = x . dequant(row r), xsum the sums of x over each 32 columns; nullptr: scalar's
+  void (*gemv_k)(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, const float* x,
+                 const float* xsum, float* out);
 };
 
 // fp16 bits -> fp32, all 65,536 values (built once, thread-safe). A table load replaces the

@@ -220,7 +220,7 @@ ENGINE_VEC_FN void gemv_impl(int qtype, const uint8_t* w, int64_t w_stride, int 
 
 template <class V>
 GgufLinearKernels gguf_kernels() {
-  return {decode_impl<V>, dot_impl<V>, gemv_impl<V>, kquant_decode_rows};
+  return {decode_impl<V>, dot_impl<V>, gemv_impl<V>, kquant_decode_rows, kquant_gemv};
 }
 
 }  // namespace

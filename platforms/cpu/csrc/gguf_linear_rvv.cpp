@@ -137,7 +137,7 @@ void q8_tile_rvv(int qtype, const uint8_t* w, int64_t w_stride, int rows, const 
 
 }  // namespace
 
-GgufLinearKernels gguf_linear_kernels_rvv() { return {decode_rvv, dot_rvv, gemv_rvv, nullptr}; }
+GgufLinearKernels gguf_linear_kernels_rvv() { return {decode_rvv, dot_rvv, gemv_rvv, nullptr, nullptr}; }
 
 GgufQ8Kernels gguf_q8_kernels_rvv() {
   GgufQ8Kernels k = gguf_q8_kernels_scalar();  // the scalar quantizer and its layout (lanes = 1)
