@@ -9,6 +9,7 @@ import re
 import torch
 
 from engine.core.models.weights import Fp8Weight, Nvfp4Weight, QuantizedWeight, dense_weight, weight_bytes
+from engine.core.ops.fp8 import BLOCK_K
 
 from .errors import ModelLoadError
 from .hf_config import hf_config, read_json
@@ -63,11 +64,15 @@ def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dty
 
 def _expand_reason(w) -> str | None:
     """Why an expert matrix cannot stay quantized (None if fused_moe_fp8 takes it: per-tensor or per-channel FP8
-    scales with dynamic per-token activations)."""
+    scales with dynamic per-token activations, or whole 128x128 blocks with dynamic 1x128 activation groups)."""
     if isinstance(w, Nvfp4Weight):
         return "NVFP4"
     if w.granularity == "block":
-        return "FP8 128x128 weight blocks"
+        if w.input_scale is not None or w.act_group != BLOCK_K:
+            return "FP8 128x128 weight blocks without 1x128 dynamic activation groups"
+        if any(d % BLOCK_K for d in w.shape):
+            return "FP8 128x128 weight blocks of a matrix that is not whole blocks"
+        return None
     if w.input_scale is not None or w.act_group:
         return "FP8 static or grouped activation scales"
     return None
@@ -83,6 +88,7 @@ def _expand_experts(weights: dict, quantized: dict, experts: list[str], dtype: t
     for n in reasons:
         weights[n] = dense_weight(quantized.pop(n), dtype)
     log.warning("engine: %s: %d expert matrices (%s) are expanded to %s (%.1f MiB instead of %.1f): no MoE kernel "
-                "takes them yet; per-tensor or per-channel FP8 experts with dynamic activations stay in FP8",
+                "takes them yet; per-tensor or per-channel FP8 experts with dynamic activations, and whole 128x128 "
+                "blocks with 1x128 activation groups, stay in FP8",
                 model_dir, len(reasons), ", ".join(sorted(set(reasons.values()))), str(dtype).removeprefix("torch."),
                 sum(weights[n].nbytes for n in reasons) / 2**20, before / 2**20)

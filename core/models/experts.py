@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import torch
 
+from engine.core.ops.fp8 import BLOCK_K
 from engine.core.ops.moe import fused_moe
 from engine.core.ops.moe_fp8 import fused_moe_fp8
 from engine.core.ops.registry import CallSite
 
 from .weights import Fp8Weight, Weight
+
+
+def _block_scales(w: Fp8Weight) -> torch.Tensor:
+    return w.scale
 
 
 def _row_scales(w: Fp8Weight) -> torch.Tensor:
@@ -24,13 +29,18 @@ class Experts:
         flat = [t for ex in experts for t in ex]
         self.fp8 = all(isinstance(t, Fp8Weight) for t in flat)
         if self.fp8:
-            if any(t.granularity == "block" or t.input_scale is not None or t.act_group for t in flat):
+            blocks = all(t.granularity == "block" and t.act_group == BLOCK_K and t.input_scale is None
+                         and not any(d % BLOCK_K for d in t.shape) for t in flat)
+            if not blocks and any(t.granularity == "block" or t.input_scale is not None or t.act_group for t in flat):
                 raise ValueError("FP8 experts run with per-tensor or per-channel weight scales and dynamic per-token "
-                                 "activations; the loader dequantizes others")
+                                 "activations, or all with whole 128x128 blocks and 1x128 activation groups; the "
+                                 "loader dequantizes others")
+            # block scales stack as they are (gate's and up's blocks meet at row I, a multiple of 128)
+            scales = _block_scales if blocks else _row_scales
             self.w13 = torch.stack([torch.cat([g.q, u.q]) for g, u, _ in experts])
-            self.w13_scale = torch.stack([torch.cat([_row_scales(g), _row_scales(u)]) for g, u, _ in experts])
+            self.w13_scale = torch.stack([torch.cat([scales(g), scales(u)]) for g, u, _ in experts])
             self.w2 = torch.stack([d.q for _, _, d in experts])
-            self.w2_scale = torch.stack([_row_scales(d) for _, _, d in experts])
+            self.w2_scale = torch.stack([scales(d) for _, _, d in experts])
             self.site = CallSite(fused_moe_fp8)
         elif all(isinstance(t, torch.Tensor) for t in flat):
             self.w13 = torch.stack([torch.cat([g, u]) for g, u, _ in experts])

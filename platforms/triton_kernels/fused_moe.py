@@ -48,7 +48,7 @@ import triton.language as tl
 
 from engine.core.ops.fp8 import fp8_max
 from engine.core.ops.moe import fused_moe, kernel_shape_problem
-from engine.core.ops.moe_fp8 import fused_moe_fp8
+from engine.core.ops.moe_fp8 import fused_moe_fp8, is_block_scale
 
 from . import interpreting, sm_count
 
@@ -59,6 +59,7 @@ _MAX_EXPERTS = 1024  # the align kernel holds one counter per expert in a single
 _MAX_TOP_K = 64
 _INTERPRETER_SMS = 4  # a stand-in SM count under the interpreter (no device to ask)
 _MIN_AMAX = 1e-12  # as core/ops/fp8.py
+BLOCK_SCALE_K = 128  # the K width of a block scale (core/ops/moe_fp8.py)
 _FP8_EMIN = {torch.float8_e4m3fn: -6, torch.float8_e4m3fnuz: -7}  # exponent of the smallest normal
 
 
@@ -197,12 +198,13 @@ def _moe_gemm_kernel(
     sorted_ptr, block_expert_ptr, num_padded_ptr,
     N, K, num_pairs, max_padded,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk,
-    stride_cs, stride_cm, stride_cn, stride_bse, stride_bsn,
+    stride_cs, stride_cm, stride_cn, stride_bse, stride_bsn, stride_bsk, stride_asm,
     A_ROW_DIV: tl.constexpr,  # A row of pair p: p // A_ROW_DIV (top_k for x, 1 for h)
     GATED: tl.constexpr,  # B rows [0, N) gate, [N, 2N) up; epilogue silu(gate) * up
     MUL_WEIGHT: tl.constexpr,  # multiply by the pair's routing weight
     FP8: tl.constexpr,  # A and B are FP8: scale by a_scale[row] * b_scale[e, n]
     FAST_ACCUM: tl.constexpr,  # FP8: let the tensor cores sum the whole K loop in their reduced precision
+    BLOCK_SCALE: tl.constexpr,  # FP8 with 1x128 A groups and 128x128 B blocks (BLOCK_K = 128): scale each K tile
     UPCAST: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ROUND_BF16: tl.constexpr,  # interpreter, bf16 output: round to nearest-even before the (truncating) cast
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -253,7 +255,15 @@ def _moe_gemm_kernel(
             k_left = K - kt * BLOCK_K
             a = tl.load(a_ptrs, mask=row_ok[:, None] & (offs_k[None, :] < k_left), other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        if UPCAST:
+        if BLOCK_SCALE:  # this K tile's group scales (A row, B block row) on its partial product, then fp32
+            a_s = tl.load(a_scale_ptr + a_rows * stride_asm + kt, mask=row_ok, other=0.0)
+            b_s = tl.load(b_scale_ptr + expert * stride_bse + (b_rows // 128) * stride_bsn + kt * stride_bsk)
+            if UPCAST:
+                part = tl.dot(a.to(tl.float32), b.to(tl.float32))
+            else:
+                part = tl.dot(a, b)
+            acc += part * a_s[:, None] * b_s[None, :]
+        elif UPCAST:
             acc += tl.dot(a.to(tl.float32), b.to(tl.float32))
         elif IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
@@ -264,7 +274,7 @@ def _moe_gemm_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
-    if FP8:
+    if FP8 and not BLOCK_SCALE:
         a_s = tl.load(a_scale_ptr + a_rows, mask=row_ok, other=0.0)
         b_s = tl.load(b_scale_ptr + expert * stride_bse + b_rows * stride_bsn)
         acc = acc * a_s[:, None] * b_s[None, :]
@@ -460,11 +470,22 @@ def _quantize_rows(a: torch.Tensor, fp8_dtype: torch.dtype):
     return q, scale
 
 
-def _scale_strides(scale: torch.Tensor) -> tuple[int, int]:
-    """(expert stride, channel stride) of a [E] / [E, 1, 1] (channel stride 0) or [E, N, 1] scale."""
+def _quantize_groups(a: torch.Tensor, fp8_dtype: torch.dtype):
+    """``a`` [rows, K] (K a multiple of 128) quantized per 1x128 group: (q [rows, K], scales [rows, K / 128]), each
+    group a row of ``_quantize_rows`` (the same rule as quantize_fp8's "block" with (1, 128))."""
+    rows, k = a.shape
+    q, s = _quantize_rows(a.contiguous().view(rows * (k // BLOCK_SCALE_K), BLOCK_SCALE_K), fp8_dtype)
+    return q.view(rows, k), s.view(rows, k // BLOCK_SCALE_K)
+
+
+def _scale_strides(scale: torch.Tensor, block: bool = False) -> tuple[int, int, int]:
+    """(expert, channel, K-block) strides of a [E] / [E, 1, 1] (channel stride 0), [E, N, 1] or, ``block``,
+    [E, N/128, K/128] scale."""
+    if block:
+        return scale.stride(0), scale.stride(1), scale.stride(2)
     if scale.dim() == 1 or scale.shape[1] == 1:
-        return scale.stride(0), 0
-    return scale.stride(0), scale.stride(1)
+        return scale.stride(0), 0, 0
+    return scale.stride(0), scale.stride(1), 0
 
 
 def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w2_scale=None,
@@ -476,7 +497,11 @@ def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w
     if tokens == 0:
         return out
     fp8 = w13_scale is not None
+    block = fp8 and is_block_scale(w13_scale, two_i, hidden)
     cfg = config or moe_config(tokens, experts, top_k, hidden, inter, x.dtype, fp8)
+    if block:  # one K tile per scale block
+        cfg = replace(cfg, gemm1=replace(cfg.gemm1, BLOCK_K=BLOCK_SCALE_K), gemm2=replace(cfg.gemm2,
+                                                                                          BLOCK_K=BLOCK_SCALE_K))
     bm = cfg.BLOCK_M
     pairs = tokens * top_k
     upcast, ieee = _dot_options(x.dtype, fp8)
@@ -488,10 +513,10 @@ def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w
 
     # GEMM 1 + SiLU-and-mul: h [pairs, I] in x's dtype
     if fp8:
-        a1, a1_scale = _quantize_rows(x, w13.dtype)
-        s13e, s13n = _scale_strides(w13_scale)
+        a1, a1_scale = _quantize_groups(x, w13.dtype) if block else _quantize_rows(x, w13.dtype)
+        s13e, s13n, s13k = _scale_strides(w13_scale, block)
     else:
-        a1, a1_scale, s13e, s13n = x, topk_w, 0, 0
+        a1, a1_scale, s13e, s13n, s13k = x, topk_w, 0, 0, 0
     h = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
     g1 = cfg.gemm1
     _launch_gemm(
@@ -499,18 +524,19 @@ def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w
         (a1, w13, h, a1_scale, w13_scale if fp8 else topk_w, topk_w, sorted_ids, block_expert, num_padded,
          inter, hidden, pairs, max_padded,
          a1.stride(0), a1.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
-         0, h.stride(0), h.stride(1), s13e, s13n),
+         0, h.stride(0), h.stride(1), s13e, s13n, s13k, a1_scale.stride(0) if block else 1),
         dict(A_ROW_DIV=top_k, GATED=True, MUL_WEIGHT=False, FP8=fp8, FAST_ACCUM=cfg.fp8_fast_accum, UPCAST=upcast,
+             BLOCK_SCALE=block,
              IEEE=ieee,
              EVEN_K=hidden % g1.BLOCK_K == 0, SPLIT_K=1, ROUND_BF16=round_bf16),
         bm, g1)
 
     # GEMM 2 x routing weight: y [split, pairs, hidden] fp32, or straight into out
     if fp8:
-        a2, a2_scale = _quantize_rows(h, w2.dtype)
-        s2e, s2n = _scale_strides(w2_scale)
+        a2, a2_scale = _quantize_groups(h, w2.dtype) if block else _quantize_rows(h, w2.dtype)
+        s2e, s2n, s2k = _scale_strides(w2_scale, block)
     else:
-        a2, a2_scale, s2e, s2n = h, topk_w, 0, 0
+        a2, a2_scale, s2e, s2n, s2k = h, topk_w, 0, 0, 0
     g2 = cfg.gemm2
     split = _split_k(cfg, pairs, experts, hidden, inter, x.device)
     direct = top_k == 1 and split == 1
@@ -521,8 +547,9 @@ def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w
         (a2, w2, y, a2_scale, w2_scale if fp8 else topk_w, topk_w, sorted_ids, block_expert, num_padded,
          hidden, inter, pairs, max_padded,
          a2.stride(0), a2.stride(1), w2.stride(0), w2.stride(1), w2.stride(2),
-         stride_ys, y.stride(-2), y.stride(-1), s2e, s2n),
+         stride_ys, y.stride(-2), y.stride(-1), s2e, s2n, s2k, a2_scale.stride(0) if block else 1),
         dict(A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True, FP8=fp8, FAST_ACCUM=cfg.fp8_fast_accum, UPCAST=upcast,
+             BLOCK_SCALE=block,
              IEEE=ieee,
              EVEN_K=inter % g2.BLOCK_K == 0, SPLIT_K=split, ROUND_BF16=round_bf16 and direct),
         bm, g2)
@@ -622,11 +649,18 @@ def make_supports(device_type: str, capability: tuple[int, int] | None = None):
         if fp8 not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) or w2_q.dtype != fp8:
             return f"w13_q, w2_q dtypes {w13_q.dtype}, {w2_q.dtype}: need both float8_e4m3fn or both e4m3fnuz"
         e, two_i, h = w13_q.shape
-        for name, s, n in (("w13_scale", w13_scale, two_i), ("w2_scale", w2_scale, h)):
+        for name, s in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
             if not isinstance(s, torch.Tensor) or s.device.type != device_type or s.dtype != torch.float32:
                 return f"{name} must be a float32 tensor on the {device_type} device"
-            if tuple(s.shape) not in ((e,), (e, 1, 1), (e, n, 1)):
-                return f"{name} shape {tuple(s.shape)}: need [{e}], [{e}, 1, 1] or [{e}, {n}, 1]"
+        if is_block_scale(w13_scale, two_i, h) and is_block_scale(w2_scale, h, two_i // 2):
+            if h % BLOCK_SCALE_K or two_i // 2 % BLOCK_SCALE_K:
+                return f"block scales with hidden {h}, I {two_i // 2}: the kernel takes whole 128-wide blocks"
+            if not (w13_scale.is_contiguous() and w2_scale.is_contiguous()):
+                return "block scales must be contiguous"
+        else:
+            for name, s, n in (("w13_scale", w13_scale, two_i), ("w2_scale", w2_scale, h)):
+                if tuple(s.shape) not in ((e,), (e, 1, 1), (e, n, 1)):
+                    return f"{name} shape {tuple(s.shape)}: need [{e}], [{e}, 1, 1], [{e}, {n}, 1] or 128x128 blocks"
         return _fp8_verdict(device_type, capability, fp8, x.device)
 
     return supports, supports_fp8
@@ -637,4 +671,5 @@ def register(registry, device_type: str, capability: tuple[int, int] | None = No
     registry.register(fused_moe, triton_fused_moe, name="triton_fused_moe", supports=supports, priority=PRIORITY,
                       note="Triton: routing + expert alignment on device, grouped GEMMs with fused SiLU-and-mul")
     registry.register(fused_moe_fp8, triton_fused_moe_fp8, name="triton_fused_moe_fp8", supports=supports_fp8,
-                      priority=PRIORITY, note="Triton W8A8 FP8: per-token dynamic activations, FP8 grouped GEMMs")
+                      priority=PRIORITY, note="Triton W8A8 FP8: per-token dynamic activations, FP8 grouped GEMMs; "
+                      "128x128 block weights with 1x128 activation groups, each K tile scaled before the fp32 sum")

@@ -37,7 +37,7 @@ def _supports(q, kv_cache, block_tables, seq_lens, scale=None, v_dim=512):
 def _mla_decode(q, kv_cache, block_tables, seq_lens, scale, v_dim=512):
     kv = kv_cache.unsqueeze(2)  # [pages, page_size, 1 head, Dqk]: a view
     out = attention_decode(q, kv, kv, block_tables, seq_lens, scale)
-    return out if v_dim == q.shape[2] else out[..., :v_dim]
+    return out if v_dim == q.shape[2] else out[..., :v_dim].contiguous()  # the op's output is a dense [B, H, v_dim]
 
 
 def register(registry) -> None:

@@ -1,7 +1,8 @@
 """FP8 MoE checkpoints (Qwen3-MoE and DeepSeek-V3, experts and every other linear layer quantized), written in the
-test in the layouts that publish them. Per-channel and per-tensor experts with dynamic per-token activations stay
-in FP8 and run on fused_moe_fp8; block-scaled and static-activation experts are expanded to the model dtype with a
-warning that says so. The oracle is transformers' forward pass on the dequantized weights, with the activations
+test in the layouts that publish them. Per-channel and per-tensor experts with dynamic per-token activations, and
+128x128-block experts with dynamic 1x128 activation groups (DeepSeek-V3, Qwen3-FP8), stay in FP8 and run on
+fused_moe_fp8; static-activation experts and blocks that do not tile the matrix are expanded to the model dtype with
+a warning that says so. The oracle is transformers' forward pass on the dequantized weights, with the activations
 of every quantized linear rounded the same way (forward hooks) and, for experts kept in FP8, transformers' own
 routing feeding an expert loop that rounds the expert inputs and intermediates per token (an independent
 quantizer, tests/core/loader/test_hf_fp8.py)."""
@@ -24,14 +25,14 @@ transformers = pytest.importorskip("transformers")
 
 MODELS = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
-        intermediate_size=256, moe_intermediate_size=160, num_experts=4, num_experts_per_tok=2, head_dim=32,
+        intermediate_size=256, moe_intermediate_size=256, num_experts=4, num_experts_per_tok=2, head_dim=32,
         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])),
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
-        intermediate_size=256, moe_intermediate_size=160, n_routed_experts=4, num_experts_per_tok=2,
+        intermediate_size=256, moe_intermediate_size=256, n_routed_experts=4, num_experts_per_tok=2,
         n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.0, kv_lora_rank=64, q_lora_rank=96,
         qk_rope_head_dim=32, v_head_dim=32, qk_nope_head_dim=32, first_k_dense_replace=1)),
 }
-KEPT = ("ct_channel_token", "fbgemm_channel")  # experts that stay FP8
+KEPT = ("ct_channel_token", "fbgemm_channel", "deepseek_block", "ct_block_group")  # experts that stay FP8
 QUANTIZED = ("_proj.weight",)  # every projection but the router (mlp.gate.weight) and lm_head
 
 
@@ -102,7 +103,8 @@ def load_dequantized(hf, dequantized: dict, acts=None, fp8_experts: bool = False
                 experts.forward = _fp8_experts_forward(experts, acts)
 
 
-@pytest.mark.parametrize("layout", ["ct_channel_token", "fbgemm_channel", "deepseek_block", "ct_tensor_static"])
+@pytest.mark.parametrize("layout", ["ct_channel_token", "fbgemm_channel", "deepseek_block", "ct_block_group",
+                                    "ct_tensor_static"])
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_fp8_moe_checkpoints_match_transformers(tmp_path, model, layout, caplog):
     hf = build(tmp_path, model, layout)
@@ -112,7 +114,9 @@ def test_fp8_moe_checkpoints_match_transformers(tmp_path, model, layout, caplog)
     assert experts.fp8 == (layout in KEPT), layout
     if layout in KEPT:
         assert experts.w13.dtype == torch.float8_e4m3fn and "expanded" not in caplog.text
-        assert experts.w13_scale.shape == (4, 320, 1) and experts.w2_scale.shape == (4, 256, 1)
+        blocks = "block" in layout  # 128x128: [E, 2I/128, hidden/128] and [E, hidden/128, I/128]
+        assert experts.w13_scale.shape == ((4, 4, 2) if blocks else (4, 512, 1)), experts.w13_scale.shape
+        assert experts.w2_scale.shape == ((4, 2, 2) if blocks else (4, 256, 1)), experts.w2_scale.shape
     else:
         assert "expert matrices (FP8" in caplog.text and "are expanded to float32" in caplog.text, caplog.text
     # the rest stays in FP8 either way (the attention projections, DeepSeek's dense first layer)
@@ -128,3 +132,18 @@ def test_fp8_moe_checkpoints_match_transformers(tmp_path, model, layout, caplog)
     close = torch.allclose(ours, theirs, atol=2e-3, rtol=2e-3)
     assert close or (err.mean() < 0.015 * spread and err.max() < 0.15 * spread), (model, layout, err.mean() / spread,
                                                                                    err.max() / spread)
+
+
+def test_which_fp8_experts_are_expanded_and_why():
+    from engine.core.loader.hf_loader import _expand_reason
+
+    def w(rows, cols, scale_shape, act_group=128, input_scale=None):
+        return Fp8Weight(torch.zeros(rows, cols, dtype=torch.float8_e4m3fn), torch.ones(scale_shape), act_group,
+                         input_scale)
+
+    assert _expand_reason(w(256, 512, (2, 4))) is None  # whole blocks, 1x128 groups: fused_moe_fp8 takes them
+    assert "not whole blocks" in _expand_reason(w(160, 512, (2, 4)))  # I = 160 (a gate/up seam inside a block)
+    assert "1x128 dynamic activation groups" in _expand_reason(w(256, 512, (2, 4), act_group=0))
+    assert "1x128 dynamic activation groups" in _expand_reason(w(256, 512, (2, 4), input_scale=torch.tensor(0.1)))
+    assert _expand_reason(w(160, 512, (160, 1), act_group=0)) is None  # per channel, per token
+    assert "static" in _expand_reason(w(160, 512, (160, 1), act_group=0, input_scale=torch.tensor(0.1)))

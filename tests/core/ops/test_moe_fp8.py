@@ -29,12 +29,23 @@ def _loop(x, w13_q, w13_scale, w2_q, w2_scale, logits, top_k, renormalize):
     dequantized weights in float64, the intermediate rounded to x's dtype and quantized, weighted sum."""
     fp8 = w13_q.dtype
     inter = w13_q.shape[1] // 2
-    w13 = (w13_q.double() * w13_scale.double().reshape(w13_q.shape[0], -1, 1)).numpy()
-    w2 = (w2_q.double() * w2_scale.double().reshape(w2_q.shape[0], -1, 1)).numpy()
+    block = w13_scale.dim() == 3 and tuple(w13_scale.shape[1:]) not in ((1, 1), (2 * inter, 1))
+
+    def weights(q, s):
+        if block:  # each scale over its 128 x 128 block (edge blocks cut)
+            s = np.kron(s.double().numpy(), np.ones((1, 128, 128)))[:, :q.shape[1], :q.shape[2]]
+            return q.double().numpy() * s
+        return (q.double() * s.double().reshape(q.shape[0], -1, 1)).numpy()
+
+    def quant(v):  # per row, or per 1x128 group of it
+        return np.concatenate([_quant_row(v[j:j + 128], fp8) for j in range(0, len(v), 128)]) if block else \
+            _quant_row(v, fp8)
+
+    w13, w2 = weights(w13_q, w13_scale), weights(w2_q, w2_scale)
     lg = logits.double().numpy()
     out = np.zeros(x.shape)
     for t in range(x.shape[0]):
-        xd = _quant_row(x[t].float().numpy(), fp8)
+        xd = quant(x[t].float().numpy())
         probs = np.exp(lg[t] - lg[t].max())
         probs /= probs.sum()
         chosen = sorted(range(len(probs)), key=lambda e: -probs[e])[:top_k]
@@ -42,7 +53,7 @@ def _loop(x, w13_q, w13_scale, w2_q, w2_scale, logits, top_k, renormalize):
         for e in chosen:
             gate, up = w13[e, :inter] @ xd, w13[e, inter:] @ xd
             h = torch.from_numpy(gate / (1.0 + np.exp(-gate)) * up).to(x.dtype).float().numpy()
-            out[t] += probs[e] / norm * (w2[e] @ _quant_row(h, fp8))
+            out[t] += probs[e] / norm * (w2[e] @ quant(h))
     return torch.from_numpy(out)
 
 
@@ -137,7 +148,8 @@ def test_generated_inputs(gen):
         assert x.shape == (p["tokens"], h) and x.dtype == torch.bfloat16
         assert w13_q.shape == (e, 2 * i, h) and w2_q.shape == (e, h, i)
         assert w13_q.dtype == w2_q.dtype == fp8_ops.FP8_DTYPES[p["fp8"]]
-        want = {"channel": ((e, 2 * i, 1), (e, h, 1)), "tensor": ((e,), (e,)), "tensor3d": ((e, 1, 1), (e, 1, 1))}
+        want = {"channel": ((e, 2 * i, 1), (e, h, 1)), "tensor": ((e,), (e,)), "tensor3d": ((e, 1, 1), (e, 1, 1)),
+                "block": ((e, -(-2 * i // 128), -(-h // 128)), (e, -(-h // 128), -(-i // 128)))}
         assert (tuple(w13_s.shape), tuple(w2_s.shape)) == want[p["granularity"]]
         assert w13_s.dtype == w2_s.dtype == torch.float32 and bool((w13_s > 0).all())
         assert torch.isfinite(w13_q.float()).all() and torch.isfinite(w2_q.float()).all()
