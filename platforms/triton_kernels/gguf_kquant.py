@@ -21,7 +21,7 @@ import triton.language as tl
 from engine.core.ops.gguf_kquants import K_QTYPES, QK_K
 from engine.core.ops.gguf_quant import gguf_dequantize, gguf_linear
 from engine.platforms.triton_kernels import interpreting
-from engine.platforms.triton_kernels.gguf_linear import X_DTYPES, _f16_at, _round_to
+from engine.platforms.triton_kernels.gguf_linear import _f16_at, _round_to, supports_dequantize, supports_linear
 
 PRIORITY = 10
 BLOCK_N = 32
@@ -130,38 +130,12 @@ def linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int) -> torch.T
     return out.view(*lead, n)
 
 
-def _raw_verdict(device_type: str, raw, qtype, cols):
-    if not isinstance(raw, torch.Tensor) or raw.device.type != device_type:
-        return f"raw must be a tensor on {device_type}"
-    if qtype not in K_QTYPES:
-        return f"qtype {qtype} is not a K-quant (Q4_K=12, Q5_K=13, Q6_K=14)"
-    if raw.dtype != torch.uint8 or raw.dim() != 2:
-        return "raw must be a 2-D uint8 tensor"
-    if cols <= 0 or cols % QK_K or raw.shape[1] != cols // QK_K * K_QTYPES[qtype][1]:
-        return f"raw shape {list(raw.shape)} does not hold {cols} columns of {K_QTYPES[qtype][0]}"
-    return True
-
-
 def register(registry, device_type: str, capability=None) -> None:
-    def supports_dequantize(raw, qtype, cols, dtype):
-        if dtype not in X_DTYPES:
-            return f"output dtype {dtype} not supported (fp32, bf16, fp16)"
-        return _raw_verdict(device_type, raw, qtype, cols)
-
-    def supports_linear(x, raw, qtype, cols):
-        if not isinstance(x, torch.Tensor) or x.device.type != device_type:
-            return f"x must be a tensor on {device_type}"
-        if x.dtype not in X_DTYPES:
-            return f"x dtype {x.dtype} not supported (fp32, bf16, fp16)"
-        if x.dim() < 1 or x.shape[-1] != cols:
-            return f"x must be [..., {cols}]"
-        ok = _raw_verdict(device_type, raw, qtype, cols)
-        return "x and raw must be on the same device" if ok is True and raw.device != x.device else ok
-
     registry.register(gguf_dequantize, dequantize, name="triton_gguf_kquant_dequantize",
-                      supports=supports_dequantize, priority=PRIORITY,
+                      supports=supports_dequantize(device_type, K_QTYPES), priority=PRIORITY,
                       note="Triton, Q4_K/Q5_K/Q6_K super-blocks from the raw bytes; bit-exact with the reference")
-    registry.register(gguf_linear, linear, name="triton_gguf_kquant_linear", supports=supports_linear,
+    registry.register(gguf_linear, linear, name="triton_gguf_kquant_linear",
+                      supports=supports_linear(device_type, K_QTYPES),
                       priority=PRIORITY,
                       note="Triton, Q4_K/Q5_K/Q6_K decoded per super-block into tensor-core tiles (weight rounded "
                            "to x.dtype); not tuned")

@@ -24,7 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.core.ops.gguf_quant import BLOCK, GGUF_QTYPES, Q4_0, Q4_1, Q8_0, gguf_dequantize, gguf_linear
+from engine.core.ops.gguf_quant import (
+    ALL_QTYPES,
+    BLOCK,
+    GGUF_QTYPES,
+    Q8_0,
+    gguf_dequantize,
+    gguf_linear,
+)
 from engine.platforms.triton_kernels import interpreting, sm_count
 from engine.platforms.triton_kernels.nvfp4 import gemv_plan as nvfp4_gemv_plan
 from engine.platforms.triton_kernels.nvfp4 import splitk_reduce
@@ -352,30 +359,33 @@ def linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int, *, kernel:
     return out.view(*lead, n)
 
 
-def _raw_verdict(device_type: str, raw, qtype, cols):
+def _raw_verdict(device_type: str, raw, qtype, cols, qtypes=GGUF_QTYPES):
     if not isinstance(raw, torch.Tensor) or raw.device.type != device_type:
         return f"raw must be a tensor on {device_type}"
-    if qtype not in GGUF_QTYPES:
-        return f"qtype {qtype} not supported (Q4_0={Q4_0}, Q4_1={Q4_1}, Q8_0={Q8_0})"
+    if qtype not in qtypes:
+        return f"qtype {qtype} not supported ({', '.join(f'{ALL_QTYPES[q][0]}={q}' for q in qtypes)})"
     if raw.dtype != torch.uint8 or raw.dim() != 2:
         return "raw must be a 2-D uint8 tensor"
-    if cols <= 0 or cols % BLOCK or raw.shape[1] != cols // BLOCK * GGUF_QTYPES[qtype][1]:
-        return f"raw shape {list(raw.shape)} does not hold {cols} columns of {GGUF_QTYPES[qtype][0]}"
+    name, block, size = ALL_QTYPES[qtype]
+    if cols <= 0 or cols % block or raw.shape[1] != cols // block * size:
+        return f"raw shape {list(raw.shape)} does not hold {cols} columns of {name}"
     if not raw.is_contiguous():
         return "raw must be contiguous"
     return True
 
 
-def supports_dequantize(device_type: str):
+def supports_dequantize(device_type: str, qtypes=GGUF_QTYPES):
+    """The supports of a gguf_dequantize kernel for ``qtypes`` on ``device_type``."""
     def supports(raw, qtype, cols, dtype):
         if dtype not in X_DTYPES:
             return f"output dtype {dtype} not supported (fp32, bf16, fp16)"
-        return _raw_verdict(device_type, raw, qtype, cols)
+        return _raw_verdict(device_type, raw, qtype, cols, qtypes)
 
     return supports
 
 
-def supports_linear(device_type: str):
+def supports_linear(device_type: str, qtypes=GGUF_QTYPES):
+    """The supports of a gguf_linear kernel for ``qtypes`` on ``device_type``."""
     def supports(x, raw, qtype, cols):
         if not isinstance(x, torch.Tensor) or x.device.type != device_type:
             return f"x must be a tensor on {device_type}"
@@ -383,7 +393,7 @@ def supports_linear(device_type: str):
             return f"x dtype {x.dtype} not supported (fp32, bf16, fp16)"
         if x.dim() < 1 or x.shape[-1] != cols:
             return f"x must be [..., {cols}]"
-        ok = _raw_verdict(device_type, raw, qtype, cols)
+        ok = _raw_verdict(device_type, raw, qtype, cols, qtypes)
         if ok is True and raw.device != x.device:
             return "x and raw must be on the same device"
         return ok

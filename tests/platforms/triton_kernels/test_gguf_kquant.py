@@ -59,6 +59,6 @@ def test_supports_declines_what_it_does_not_take(registry):
     x = torch.randn(2, 256, device=DEVICE)
     raw = torch.zeros(3, 144, dtype=torch.uint8, device=DEVICE)
     assert impl.verdict((x, raw, Q4_K, 256)) is None
-    assert "not a K-quant" in impl.verdict((x, raw, Q4_0, 256))
+    assert "qtype 2 not supported (Q4_K=12, Q5_K=13, Q6_K=14)" in impl.verdict((x, raw, Q4_0, 256))
     assert "does not hold" in impl.verdict((x, raw[:, :100], Q4_K, 256))
     assert "x must be" in impl.verdict((x[:, :128], raw, Q4_K, 256))
