@@ -62,10 +62,7 @@ class ModelRunner:
             tables = [s.block_table + [0] * (width - len(s.block_table)) for s, _ in scheduled]
         else:
             tables = [s.block_table for s, _ in scheduled]
-        reached = max(slots, default=-1) // bs + 1
-        if reached > self._blocks_reached:
-            self._blocks_reached = reached
-            self.platform.kv_blocks_reached(self.kv_caches, reached)
+        self._note_blocks_reached(max(slots, default=-1))
         return ids, positions, slots, cu, seq_lens, tables, logits_rows, sampled
 
     def build_batch(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, list[int]] | None = None
@@ -104,12 +101,17 @@ class ModelRunner:
     def run(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, list[int]] | None = None,
             prev: tuple[torch.Tensor, dict[int, int]] | None = None) -> tuple[torch.Tensor, list[Sequence]]:
         """Compute the step; returns fp32 logits [rows, vocab] and the sequences they belong to: one row per
-        sampled sequence, or 1 + k consecutive rows for one verifying k ``drafts`` (speculative steps run eagerly).
+        sampled sequence, or 1 + k consecutive rows for one verifying k ``drafts`` (verify steps replay graphs
+        where DecodeGraphs has them, else run eagerly).
 
         ``prev`` (async scheduling): the previous step's sampled tokens, still on the device, and the row of each
         sequence's token in them. A scheduled sequence listed there ends in a placeholder token (it must be its
         last, and the chunk's last, token); its input id is taken from the device instead of the host."""
         drafts = {i: d for i, d in (drafts or {}).items() if d}
+        if drafts and self.graphs is not None:
+            got = self._replay_verify(scheduled, drafts)
+            if got is not None:
+                return got
         fix = self._device_inputs(scheduled, prev) if prev is not None else None
         bucket = None
         if self.graphs is not None and not drafts and all(n == 1 for _, n in scheduled):
@@ -125,6 +127,43 @@ class ModelRunner:
         if not sampled:
             return hidden.new_empty((0, 0), dtype=torch.float32), sampled
         return self.model.logits(hidden[batch.logits_indices]), sampled
+
+    def _replay_verify(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, list[int]]
+                       ) -> tuple[torch.Tensor, list[Sequence]] | None:
+        """A verify step through the (bucket, q) graph (decode_graphs.py), q = 1 + the most drafts; None where it
+        has none or a sequence does not fit one: every sequence decoding (its one new token its last) and long
+        enough to fill its chunk from the front with tokens it already computed."""
+        q = 1 + max(len(d) for d in drafts.values())
+        bucket = self.graphs.verify_bucket_for(len(scheduled), q)
+        if bucket is None:
+            return None
+        bs = self.block_size
+        ids, positions, slots, seq_lens, tables, keep = [], [], [], [], [], []
+        for i, (seq, n) in enumerate(scheduled):
+            start, extra = seq.num_computed_tokens, drafts.get(seq.seq_id, ())
+            first = start + len(extra) + 1 - q  # the chunk's first position: q - 1 - r already computed ones
+            if n != 1 or start + 1 != len(seq) or first < 0:
+                return None
+            ids.extend(seq.tokens_between(first, start + 1))
+            ids.extend(extra)
+            table = seq.block_table
+            positions.extend(range(first, start + len(extra) + 1))
+            slots.extend([-1] * (start - first))  # already in the cache: not rewritten
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + len(extra) + 1))
+            seq_lens.append(start + len(extra) + 1)
+            tables.append(table)
+            keep.extend(range(i * q + start - first, (i + 1) * q))
+        self._note_blocks_reached(max(slots))
+        logits = self.graphs.run_verify(bucket, q, ids, positions, slots, tables, seq_lens)
+        if len(keep) != len(ids):  # some sequence verifies fewer than q - 1 drafts: drop its leading rows
+            logits = logits.index_select(0, torch.tensor(keep, device=logits.device))
+        return logits, [seq for seq, _ in scheduled]
+
+    def _note_blocks_reached(self, max_slot: int) -> None:
+        reached = max_slot // self.block_size + 1
+        if reached > self._blocks_reached:
+            self._blocks_reached = reached
+            self.platform.kv_blocks_reached(self.kv_caches, reached)
 
     @staticmethod
     def _device_inputs(scheduled: list[tuple[Sequence, int]], prev: tuple[torch.Tensor, dict[int, int]]
