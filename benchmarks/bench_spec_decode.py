@@ -1,10 +1,8 @@
 """Speculative decoding: tok/s with k draft tokens against k = 0 (no speculation), same engine, same run.
 
-Two workloads on the built-in default model (SmolLM2-135M-Instruct Q4_1), as chat prompts, greedy, EOS honoured
-(greedy outputs are identical for every k, so every k generates the same tokens):
-
-- ``repetitive``: edit or copy a given passage (the answer repeats much of the prompt: n-gram lookup's case);
-- ``chat``: free questions (little to look up).
+The workloads and the measurement are ``engine tune-spec``'s (core/engine/spec_decode/tuning.py: ``repetitive``,
+text the answer repeats, n-gram lookup's case; ``chat``, free questions), on the built-in default model
+(SmolLM2-135M-Instruct Q4_1), greedy, EOS honoured; this script adds the report below.
 
 For each batch size B (B prompts of the workload, cycled, generated together) and each k in --ks, one
 ``LLM.generate`` is timed (best of --repeats, after a warm-up; prefix caching on, so repeats skip the prompt's
@@ -26,26 +24,6 @@ import platform
 import subprocess
 import time
 
-PASSAGE = ("The city council met on Tuesday evening to discuss the new library. The mayor said the building "
-           "would open in the spring, and that it would have a reading room, a children's corner and a small "
-           "cafe. Several residents asked about parking, and the council promised to add twenty spaces behind "
-           "the building. The meeting ended at nine o'clock.")
-REPETITIVE = [
-    f"Repeat the following text exactly, word for word:\n\n{PASSAGE}",
-    f"Rewrite the following text, replacing 'library' with 'museum' and changing nothing else:\n\n{PASSAGE}",
-    f"Copy this paragraph and put it in quotation marks:\n\n{PASSAGE}",
-    f"Fix the punctuation of this text and return the whole text:\n\n{PASSAGE.replace('.', '')}",
-]
-CHAT = [
-    "What are three good habits for staying healthy?",
-    "Write a short poem about the sea.",
-    "Explain what a black hole is to a child.",
-    "Give me some ideas for a birthday party.",
-    "Why is the sky blue?",
-    "What should I pack for a weekend camping trip?",
-]
-WORKLOADS = {"repetitive": REPETITIVE, "chat": CHAT}
-
 
 def cpu_name() -> str:
     try:
@@ -58,66 +36,13 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-class Bench:
-    def __init__(self, a):
-        from engine import LLM, SamplingParams
-        from engine.core.engine.spec_decode import SpeculativeConfig, Speculator
-
-        self.a, self.SpeculativeConfig, self.Speculator = a, SpeculativeConfig, Speculator
-        spec = {"method": a.method, "num_speculative_tokens": 1}
-        if a.method == "draft_model":
-            spec.update(model=a.draft_model, dequantize=False)
-        self.llm = LLM(dequantize=a.dequantize_target, max_num_seqs=max(a.batch_sizes), speculative_config=spec)
-        self.proposer = self.llm.engine.speculator.proposer  # loaded once (a draft model), reused for every k
-        self.params = SamplingParams(temperature=0, max_tokens=a.max_tokens)
-        self.prompts = {w: [self.llm.tokenizer.encode(self.llm.chat_prompt([{"role": "user", "content": p}]),
-                                                      add_special_tokens=False) for p in ps]
-                        for w, ps in WORKLOADS.items()}
-        self.last_stats = None
-
-    def set_table(self, table: dict[int, int] | None) -> None:
-        eng = self.llm.engine
-        if not table or not any(table.values()):
-            eng.speculator = None
-            return
-        cfg = self.SpeculativeConfig(method=self.a.method, num_speculative_tokens_per_batch_size=table,
-                                     prompt_lookup_min=self.a.lookup_min, prompt_lookup_max=self.a.lookup_max)
-        eng.speculator = self.Speculator(cfg, self.llm.scheduler,
-                                         self.proposer if self.a.method == "draft_model" else None)
-
-    def run(self, batch_size: int, workload: str) -> tuple[float, list[list[int]]]:
-        ps = self.prompts[workload]
-        batch = [ps[i % len(ps)] for i in range(batch_size)]
-        clock = time.process_time if self.a.clock == "cpu" else time.perf_counter
-        t0 = clock()
-        outs = self.llm.generate(batch, self.params)
-        dt = clock() - t0
-        toks = [o.outputs[0].token_ids for o in outs]
-        return sum(len(t) for t in toks) / dt, toks
-
-    def measure(self, batch_size: int, workload: str, ks: list[int]) -> dict[int, float]:
-        """Best tok/s of --repeats rounds per k, the k's interleaved within each round."""
-        best = dict.fromkeys(ks, 0.0)
-        for _ in range(self.a.repeats):
-            for k in ks:
-                self.set_table({1: k})
-                rate, toks = self.run(batch_size, workload)
-                best[k] = max(best[k], rate)
-                ref = self.reference.setdefault((batch_size, workload), toks)
-                if toks != ref:
-                    same = sum(a == b for a, b in zip(toks, ref, strict=True))
-                    print(f"  note: B={batch_size} {workload} k={k}: {same}/{len(ref)} outputs identical to k=0 "
-                          "(a last-bit difference between the verify and decode shapes tipped a near-tie)")
-        print(f"  B={batch_size:<3} {workload:<10} " + "  ".join(f"k={k}: {best[k]:6.1f}" for k in ks) + " tok/s",
-              flush=True)
-        return best
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", choices=("ngram", "draft_model"), default="ngram")
     ap.add_argument("--draft-model", default=None, help="draft checkpoint (default: the built-in model)")
     ap.add_argument("--dequantize-target", action="store_true", help="target weights dequantized to fp32")
+    ap.add_argument("--activation-quant", choices=("none", "q8", "auto"), default="none",
+                    help="the target's activation_quant (q8: int8 dot products for GGUF Q4/Q8 weights)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4, 6])
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -133,19 +58,21 @@ def main(argv=None) -> int:
 
     import torch
 
-    from engine.core.engine.spec_decode.tuning import fill_table
+    from engine import LLM
+    from engine.core.engine.spec_decode.tuning import WORKLOADS, SpecTuner
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}; method {a.method}; "
-          f"max_tokens {a.max_tokens}; {a.clock} clock; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-          flush=True)
-    b = Bench(a)
-    b.reference = {}
-    for w in WORKLOADS:  # warm-up: kernels, allocator, prefix cache; k = 0 outputs are the reference
-        b.set_table(None)
-        b.run(max(a.batch_sizes), w)
-    table, raw = fill_table(b.measure, a.batch_sizes, a.ks, WORKLOADS, a.floor)
+    print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}; method {a.method}; activation_quant "
+          f"{a.activation_quant}; max_tokens {a.max_tokens}; {a.clock} clock; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+    spec_base = {"method": a.method, "prompt_lookup_min": a.lookup_min, "prompt_lookup_max": a.lookup_max}
+    if a.method == "draft_model":
+        spec_base = {"method": a.method, "model": a.draft_model, "dequantize": False}
+    llm = LLM(dequantize=a.dequantize_target, max_num_seqs=max(a.batch_sizes), activation_quant=a.activation_quant,
+              speculative_config={**spec_base, "num_speculative_tokens": 1})
+    b = SpecTuner(llm, spec_base, a.max_tokens, a.repeats, time.process_time if a.clock == "cpu" else time.perf_counter)
+    table, raw = b.tune(a.batch_sizes, a.ks, a.floor)
     print(f"\nnum_speculative_tokens_per_batch_size = {table}\n")
     rows = []
     print("| batch | workload | k=0 tok/s | table tok/s | speedup | k chosen | acceptance | tokens/step |")
@@ -154,11 +81,11 @@ def main(argv=None) -> int:
         for w in WORKLOADS:
             base = rate = 0.0
             b.set_table(table)
-            spec = b.llm.engine.speculator
+            spec = llm.engine.speculator
             for _ in range(a.repeats):  # interleaved, best of each
-                b.llm.engine.speculator = None
+                llm.engine.speculator = None
                 base = max(base, b.run(bs, w)[0])
-                b.llm.engine.speculator = spec
+                llm.engine.speculator = spec
                 rate = max(rate, b.run(bs, w)[0])
             st = spec.stats if spec else None
             t = st.totals() if st else {}

@@ -1,4 +1,5 @@
-"""The ``engine`` command line: ``engine generate``, ``engine bench``, ``engine serve``, ``engine doctor``."""
+"""The ``engine`` command line: ``engine generate``, ``engine bench``, ``engine tune-spec``, ``engine serve``,
+``engine doctor``."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ def _generate(args) -> int:
 
 def _bench(args) -> int:
     from .cli_bench import run
+
+    return run(args)
+
+
+def _tune_spec(args) -> int:
+    from .cli_tune_spec import run
 
     return run(args)
 
@@ -55,7 +62,7 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     from engine import __version__
 
-    from . import cli_bench, cli_generate, cli_serve
+    from . import cli_bench, cli_generate, cli_serve, cli_tune_spec
 
     parser = _Parser(prog="engine", description="A portable LLM inference engine.",
                      formatter_class=_DefaultsFormatter)
@@ -67,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="synthetic workload: throughput, latency percentiles, KV waste, kernels")
     cli_bench.add_arguments(bench)
     bench.set_defaults(func=_bench)
+    tune = sub.add_parser("tune-spec", help="measure speculative decoding here and print the k table for "
+                                            "--speculative-config")
+    cli_tune_spec.add_arguments(tune)
+    tune.set_defaults(func=_tune_spec)
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)")
     cli_serve.add_arguments(serve)
     serve.set_defaults(func=_serve)

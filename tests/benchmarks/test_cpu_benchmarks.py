@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+import pytest
+
 from tests.plugin_helpers import REPO
 
 
@@ -13,3 +15,12 @@ def test_bench_cpu_kquant_tiny():
     rows = importlib.import_module("bench_cpu_kquant").run(tiny=True)
     assert {r["qtype"] for r in rows} == {"Q4_K", "Q5_K", "Q6_K"}
     assert all(r["impl"] == "cpu.kquant" and r["us"] > 0 and r["gguf_GBps"] > 0 for r in rows), rows
+
+
+@pytest.mark.usefixtures("default_model")
+def test_bench_spec_decode_tiny(capsys):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    bench = importlib.import_module("bench_spec_decode")
+    assert bench.main(["--batch-sizes", "1", "--ks", "0", "1", "--max-tokens", "4", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "num_speculative_tokens_per_batch_size" in out and "| 1 | repetitive |" in out and "| 1 | chat |" in out
