@@ -14,11 +14,11 @@ them), nothing is captured at start-up: a bucket's first real step runs eagerly 
 outside the capture), its second is the capture, and later ones replay. Start-up pays nothing, and only the
 buckets a workload uses hold memory.
 
-Speculative verify steps (each sequence's last token plus up to k drafts) replay too, where captures compute:
-graphs keyed by (bucket, q), q = k + 1 <= ``MAX_VERIFY_TOKENS`` query tokens per sequence, every sequence a chunk
-of exactly q rows. A sequence with r < k drafts fills its chunk from the front with q - 1 - r tokens it already
-computed (their KV is in the cache: their slots are -1, so nothing is rewritten; their logits are dropped), so one
-graph serves any mix of draft lengths. Only the verify graphs stop when such a capture fails.
+Speculative verify steps (each sequence's last token plus its drafts) replay too, where captures compute: graphs
+keyed by (bucket, T), T a row bucket (``VERIFY_ROW_BUCKETS``, at most ``MAX_VERIFY_ROWS``) holding every
+sequence's chunk plus padding. The padding goes first to the front of real sequences' chunks, as tokens they already
+computed (their KV is in the cache: their slots are -1, so nothing is rewritten; their logits are dropped), then to
+the bucket's padding sequences. Only the verify graphs stop when such a capture fails.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ from engine.core.models.decoder import DecoderModel
 log = logging.getLogger("engine")
 
 
-# Query tokens per sequence a verify graph takes (k = 8 drafts): the static buffers hold this many rows a sequence.
-MAX_VERIFY_TOKENS = 9
+# Token rows of the verify graphs: a verify step of t rows over n sequences replays in the smallest bucket that holds
+# t plus one row for each padding sequence. Larger steps run eagerly: a CPU graph keeps every intermediate tensor
+# alive (~1.4 MiB a row for the built-in model, mostly logits), and at 64 rows the Python it saves matters less.
+MAX_VERIFY_ROWS = 64
+VERIFY_ROW_BUCKETS = (*range(2, 9), 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, MAX_VERIFY_ROWS)
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
@@ -55,7 +58,7 @@ class DecodeGraphs:
         self.buckets = batch_buckets(max_num_seqs)
         self.width = math.ceil(max_model_len / block_size)
         dev, big, w = model.device, max_num_seqs, self.width
-        rows = big * MAX_VERIFY_TOKENS  # token rows: a verify step of q tokens a sequence uses q of them per sequence
+        rows = max(big, MAX_VERIFY_ROWS)  # token rows: one a sequence at decode, up to MAX_VERIFY_ROWS to verify
         # All per-step inputs live in two device buffers (int64: ids, positions, slots, then the rows and
         # sources of inputs taken from the device; int32: seq_lens, then the block tables row by row), each
         # filled by ONE copy from a pinned host twin: a step costs two host-to-device copies and no pinned
@@ -63,7 +66,7 @@ class DecodeGraphs:
         # while the previous one's copies may still be queued (the one before that has completed: the engine
         # waited for its sampled tokens).
         self._dev64 = torch.zeros(3 * rows + 2 * big, dtype=torch.int64, device=dev)
-        self._dev32 = torch.zeros(big * (1 + w), dtype=torch.int32, device=dev)
+        self._dev32 = torch.zeros(big * (2 + w) + 1, dtype=torch.int32, device=dev)
         pin = dev.type != "cpu" and torch.accelerator.is_available()
         self._host = []
         # On the host the device buffers are their own twins: a step's kernels have finished when the next step's
@@ -71,7 +74,7 @@ class DecodeGraphs:
         host = dev.type == "cpu"
         for _ in range(2):
             host64 = self._dev64 if host else torch.zeros(3 * rows + 2 * big, dtype=torch.int64, pin_memory=pin)
-            host32 = self._dev32 if host else torch.zeros(big * (1 + w), dtype=torch.int32, pin_memory=pin)
+            host32 = self._dev32 if host else torch.zeros(big * (2 + w) + 1, dtype=torch.int32, pin_memory=pin)
             h64, h32 = host64.numpy(), host32.numpy()
             h32[:big] = 1  # padding rows attend to one token
             h64[2 * rows:3 * rows] = -1  # and write nothing
@@ -83,20 +86,18 @@ class DecodeGraphs:
         self.ids, self.positions, self.slots = self._dev64[:3 * rows].view(3, rows)
         self._dst, self._src = self._dev64[3 * rows:].view(2, big)
         self.seq_lens = self._dev32[:big]
-        self.tables = self._dev32[big:].view(big, w)
+        self.verify_cu = self._dev32[big:2 * big + 1]  # a verify step's cu_seqlens_q (decode: the fixed self.cu)
+        self.tables = self._dev32[2 * big + 1:].view(big, w)
         self.big, self.num_rows = big, rows
-        # cu_seqlens_q of every sequence holding q rows, one tensor per q (graphs read them where they were captured)
-        self._cu = {q: torch.arange(0, q * big + 1, q, dtype=torch.int32, device=dev)
-                    for q in range(1, MAX_VERIFY_TOKENS + 1)}
-        self.cu = self._cu[1]
+        self.cu = torch.arange(big + 1, dtype=torch.int32, device=dev)
         self.rows = torch.arange(rows, dtype=torch.int64, device=dev)
         self.graphs: dict[int, tuple] = {}  # bucket -> (replay, logits)
-        self.verify_graphs: dict[tuple[int, int], tuple] = {}  # (bucket, q) -> (replay, logits)
+        self.verify_graphs: dict[tuple[int, int], tuple] = {}  # (bucket, rows) -> (replay, logits)
         self.disabled: str | None = None
         self.lazy = platform.graph_capture_computes
         # Verify graphs are captured on first use, which only a capture that computes makes free (GPUs: not yet).
         self.verify_disabled: str | None = None if self.lazy else "verify steps replay only where captures compute"
-        self._warm: set = set()  # lazy: buckets (and (bucket, q) verify keys) whose eager first step has run
+        self._warm: set = set()  # lazy: buckets (and (bucket, rows) verify keys) whose eager first step has run
 
     def capture(self) -> None:
         """Capture every bucket, largest first (later ones reuse its memory pool); lazily: nothing yet."""
@@ -116,11 +117,12 @@ class DecodeGraphs:
                 return
             self._set_graph(b, replay, logits)
 
-    def _forward(self, b: int, q: int = 1) -> torch.Tensor:
-        """The step of bucket ``b`` with ``q`` query rows a sequence, on the static buffers; logits of every row."""
-        t = b * q
+    def _forward(self, key) -> torch.Tensor:
+        """The step of ``key`` (a bucket: decode; (bucket, rows): verify) on the static buffers; logits of every
+        row."""
+        b, t, cu, decode = (key, key, self.cu, True) if isinstance(key, int) else (*key, self.verify_cu, False)
         batch = ForwardBatch(positions=self.positions[:t], slot_mapping=self.slots[:t], block_tables=self.tables[:b],
-                             seq_lens=self.seq_lens[:b], cu_seqlens_q=self._cu[q][:b + 1], is_decode=q == 1,
+                             seq_lens=self.seq_lens[:b], cu_seqlens_q=cu[:b + 1], is_decode=decode,
                              logits_indices=self.rows[:t])
         hidden = self.model.forward(self.ids[:t], batch, self.kv_caches)
         return self.model.logits(hidden)
@@ -153,62 +155,85 @@ class DecodeGraphs:
             return None
         return next((b for b in self.buckets if b >= n and b in self.graphs), None)
 
-    def verify_bucket_for(self, n: int, q: int) -> int | None:
-        """The bucket a verify step of n sequences with q query rows each replays in, or None (run it eagerly)."""
-        if self.verify_disabled is not None or q > MAX_VERIFY_TOKENS:
+    def verify_key(self, n: int, t: int) -> tuple[int, int] | None:
+        """(bucket, rows) for a verify step of ``t`` rows over ``n`` sequences, or None (run it eagerly)."""
+        if self.verify_disabled is not None:
             return None
-        return self.bucket_for(n)
+        b = self.bucket_for(n)
+        need = None if b is None else t + b - n  # one row for each padding sequence
+        rows = next((r for r in VERIFY_ROW_BUCKETS if need is not None and r >= need), None)
+        return None if rows is None else (b, rows)
 
-    def _fill(self, b: int, q: int, ids, positions, slots, tables, seq_lens, dst=(), src=()) -> None:
-        """Write a step of len(seq_lens) sequences of q rows each into the next host twin and, off the host, copy
-        it to the device buffers; the bucket's other sequences become padding. ``dst``/``src``: rows whose input id
-        comes from the device (zeroed here; see ``run``) and their source rows."""
-        n, t, big, w, rows_ = len(seq_lens), len(ids), self.big, self.width, self.num_rows
-        host64, host32, h64, h32 = self._host[self._turn]
+    def _next_host(self):
+        host = self._host[self._turn]
         self._turn ^= 1
-        h64[:t] = ids
-        h64[t:b * q] = 0  # padding rows read a valid token (a row may hold a placeholder from an earlier step)
+        return host
+
+    def _copy_in(self, host64, host32, n64: int, n32: int) -> None:
+        """Off the host: the first n64 / n32 entries of the host twins to the device buffers."""
+        if host64 is not self._dev64:
+            self._dev64[:n64].copy_(host64[:n64], non_blocking=True)
+            self._dev32[:n32].copy_(host32[:n32], non_blocking=True)
+
+    def _fill(self, b: int, ids, positions, slots, tables, seq_lens, dst=(), src=()) -> None:
+        """Write a decode step of n = len(ids) sequences into the next host twin (and copy it to the device); the
+        bucket's other sequences become padding. ``dst``/``src``: rows whose input id comes from the device
+        (zeroed here; see ``run``) and their source rows."""
+        n, big, w, r = len(ids), self.big, self.width, self.num_rows
+        host64, host32, h64, h32 = self._next_host()
+        h64[:n] = ids
+        h64[n:b] = 0  # padding rows read a valid token (a row may hold a placeholder from an earlier step)
         if dst:
             h64[dst] = 0  # never a placeholder in the buffer, not even in rows a later, smaller bucket leaves
-            h64[3 * rows_:3 * rows_ + len(dst)] = dst
-            h64[3 * rows_ + big:3 * rows_ + big + len(src)] = src
-        h64[rows_:rows_ + t] = positions
-        h64[rows_ + t:rows_ + b * q] = 0
-        h64[2 * rows_:2 * rows_ + t] = slots
-        h64[2 * rows_ + t:2 * rows_ + b * q] = -1  # padding rows write nothing
+            h64[3 * r:3 * r + len(dst)] = dst
+            h64[3 * r + big:3 * r + big + len(src)] = src
+        h64[r:r + n] = positions
+        h64[2 * r:2 * r + n] = slots
+        h64[2 * r + n:2 * r + b] = -1  # padding rows write nothing
         h32[:n] = seq_lens
-        h32[n:b] = q  # a padding sequence's q rows attend to 1..q tokens (of whatever its table row points at)
-        table_rows = h32[big:big + b * w].reshape(b, w)
+        h32[n:b] = 1
+        self._write_tables(h32, b, tables)
+        self._copy_in(host64, host32, 3 * r + 2 * big, 2 * big + 1 + b * w)
+
+    def _write_tables(self, h32, b: int, tables) -> None:
+        rows = h32[2 * self.big + 1:2 * self.big + 1 + b * self.width].reshape(b, self.width)
         for i, row in enumerate(tables):
-            table_rows[i, :len(row)] = row
-        if host64 is not self._dev64:
-            self._dev64.copy_(host64, non_blocking=True)
-            self._dev32[:big + b * w].copy_(host32[:big + b * w], non_blocking=True)
+            rows[i, :len(row)] = row
 
     def run(self, b: int, ids, positions, slots, tables, seq_lens, fix=None) -> torch.Tensor:
         """Replay bucket ``b`` on the n <= b sequences given (host lists); returns their logits [n, vocab] (a view
         of the graph's output, valid until the next replay). ``fix``: (rows, source rows, tokens) — input ids
         taken from a device tensor of tokens instead of ``ids`` (async scheduling; see ModelRunner.run)."""
         if fix is None:
-            self._fill(b, 1, ids, positions, slots, tables, seq_lens)
-            return self._replay(b, b, len(ids))
+            self._fill(b, ids, positions, slots, tables, seq_lens)
+            return self._replay(b, len(ids))
         dst, src, tokens = fix
         k = len(dst)
-        self._fill(b, 1, ids, positions, slots, tables, seq_lens, dst, src)
+        self._fill(b, ids, positions, slots, tables, seq_lens, dst, src)
         if dst == src == list(range(k)):  # the usual case: the same sequences in the same order
             self.ids[:k].copy_(tokens[:k])
         else:
             self.ids.index_copy_(0, self._dst[:k], tokens.index_select(0, self._src[:k]))
-        return self._replay(b, b, len(ids))
+        return self._replay(b, len(ids))
 
-    def run_verify(self, b: int, q: int, ids, positions, slots, tables, seq_lens) -> torch.Tensor:
-        """Replay the verify graph (b, q) on n = len(seq_lens) <= b sequences of exactly q rows each (host lists,
-        ``ids`` etc. n * q long); returns the logits of their rows [n * q, vocab] (a view, valid until the next
-        replay)."""
-        self._fill(b, q, ids, positions, slots, tables, seq_lens)
-        return self._replay((b, q), b, len(ids))
+    def run_verify(self, key: tuple[int, int], ids, positions, slots, cu, tables, seq_lens) -> torch.Tensor:
+        """Replay the verify graph ``key`` = (b, rows) (``verify_key``) on a step laid out in full by the caller:
+        ``rows`` ids, positions and slots, b sequences' cu_seqlens_q (b + 1) and seq_lens, and the block tables
+        of the sequences that have one (a padding sequence keeps whatever row it finds). Returns the logits of all
+        rows [rows, vocab] (a view, valid until the next replay)."""
+        b, t = key
+        r = self.num_rows
+        host64, host32, h64, h32 = self._next_host()
+        h64[:t] = ids
+        h64[r:r + t] = positions
+        h64[2 * r:2 * r + t] = slots
+        h32[:b] = seq_lens
+        h32[self.big:self.big + b + 1] = cu
+        self._write_tables(h32, b, tables)
+        self._copy_in(host64, host32, 3 * r, 2 * self.big + 1 + b * self.width)
+        return self._replay(key, t)
 
-    def _replay(self, key, b: int, rows: int) -> torch.Tensor:
+    def _replay(self, key, rows: int) -> torch.Tensor:
         entry = (self.graphs if isinstance(key, int) else self.verify_graphs).get(key)
         if entry is None:  # lazy: not captured yet
             return self._first_uses(key)[:rows]
@@ -221,26 +246,25 @@ class DecodeGraphs:
 
     def _first_uses(self, key) -> torch.Tensor:
         """A lazy graph's first step (eager) or second (the capture, which computes it); its logits. ``key``: a
-        bucket, or (bucket, q) for a verify graph."""
-        b, q = (key, 1) if isinstance(key, int) else key
+        bucket, or (bucket, rows) for a verify graph."""
         if key not in self._warm:
             self._warm.add(key)
-            return self._forward(b, q)
+            return self._forward(key)
         try:
-            replay, logits, _ = self.platform.capture_graph(lambda: self._forward(b, q))
+            replay, logits, _ = self.platform.capture_graph(lambda: self._forward(key))
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            if q == 1:
+            if isinstance(key, int):
                 self._drop_graphs()
                 self.disabled = reason
                 log.warning("decode graphs disabled, decode runs eagerly: capture of batch size %d failed: %s",
-                            b, reason)
+                            key, reason)
             else:
                 self._drop_graphs(verify_only=True)
                 self.verify_disabled = reason
                 log.warning("verify graphs disabled, speculative verify steps run eagerly: capture of batch size %d "
-                            "with %d tokens a sequence failed: %s", b, q, reason)
+                            "with %d rows failed: %s", *key, reason)
             # The capture may have stopped midway; the step again, eagerly (its KV writes repeat the same values).
-            return self._forward(b, q)
+            return self._forward(key)
         self._set_graph(key, replay, logits)
         return logits

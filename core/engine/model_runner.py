@@ -130,32 +130,48 @@ class ModelRunner:
 
     def _replay_verify(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, list[int]]
                        ) -> tuple[torch.Tensor, list[Sequence]] | None:
-        """A verify step through the (bucket, q) graph (decode_graphs.py), q = 1 + the most drafts; None where it
-        has none or a sequence does not fit one: every sequence decoding (its one new token its last) and long
-        enough to fill its chunk from the front with tokens it already computed."""
-        q = 1 + max(len(d) for d in drafts.values())
-        bucket = self.graphs.verify_bucket_for(len(scheduled), q)
-        if bucket is None:
+        """A verify step through a (bucket, rows) graph (decode_graphs.py): each sequence's chunk (its new token and
+        drafts), the padding put first in front of chunks as tokens already computed (slots -1), the rest in the
+        bucket's padding sequences. None (run it eagerly) where no graph fits or a sequence is not decoding (its
+        one new token its last)."""
+        n = len(scheduled)
+        t = n + sum(len(d) for d in drafts.values())
+        key = self.graphs.verify_key(n, t)
+        if key is None:
             return None
+        b, rows = key
+        spare = rows - t - (b - n)
         bs = self.block_size
-        ids, positions, slots, seq_lens, tables, keep = [], [], [], [], [], []
-        for i, (seq, n) in enumerate(scheduled):
+        ids, positions, slots, cu, seq_lens, tables, keep = [], [], [], [0], [], [], []
+        for seq, m in scheduled:
             start, extra = seq.num_computed_tokens, drafts.get(seq.seq_id, ())
-            first = start + len(extra) + 1 - q  # the chunk's first position: q - 1 - r already computed ones
-            if n != 1 or start + 1 != len(seq) or first < 0:
+            if m != 1 or start + 1 != len(seq):
                 return None
-            ids.extend(seq.tokens_between(first, start + 1))
+            front = min(spare, start)
+            spare -= front
+            end = start + len(extra) + 1
+            ids.extend(seq.tokens_between(start - front, start + 1))
             ids.extend(extra)
+            positions.extend(range(start - front, end))
+            slots.extend([-1] * front)  # already in the cache: not rewritten
             table = seq.block_table
-            positions.extend(range(first, start + len(extra) + 1))
-            slots.extend([-1] * (start - first))  # already in the cache: not rewritten
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + len(extra) + 1))
-            seq_lens.append(start + len(extra) + 1)
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            keep.extend(range(cu[-1] + front, cu[-1] + front + len(extra) + 1))
+            cu.append(cu[-1] + front + len(extra) + 1)
+            seq_lens.append(end)
             tables.append(table)
-            keep.extend(range(i * q + start - first, (i + 1) * q))
+        if spare and (n == b or 1 + spare > self.graphs.width * bs):
+            return None
+        for j in range(n, b):  # padding sequences: one row each, the first also what is left; they write nothing
+            pad = 1 + spare if j == n else 1
+            ids.extend([0] * pad)
+            positions.extend(range(pad))
+            slots.extend([-1] * pad)
+            cu.append(cu[-1] + pad)
+            seq_lens.append(pad)
         self._note_blocks_reached(max(slots))
-        logits = self.graphs.run_verify(bucket, q, ids, positions, slots, tables, seq_lens)
-        if len(keep) != len(ids):  # some sequence verifies fewer than q - 1 drafts: drop its leading rows
+        logits = self.graphs.run_verify(key, ids, positions, slots, cu, tables, seq_lens)
+        if keep != list(range(len(keep))) or len(keep) != rows:
             logits = logits.index_select(0, torch.tensor(keep, device=logits.device))
         return logits, [seq for seq, _ in scheduled]
 

@@ -49,6 +49,7 @@ class Sequence:
         # drafting, and the number of consecutive fully rejected drafts.
         self.spec_backoff = 0
         self.spec_misses = 0
+        self.spec_limit = 0  # most drafts to propose next (0: the table's k); see speculator._adapt
 
     @property
     def token_ids(self) -> list[int]:

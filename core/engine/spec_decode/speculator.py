@@ -3,7 +3,7 @@
 ``plan`` (before scheduling) sets how many draft tokens each decoding sequence may verify, from the batch-size
 table; the scheduler reserves that many slots ahead where blocks and token budget are left. ``propose`` drafts up
 to that many tokens per decoding sequence (skipping, for a few steps, one whose last drafts were all rejected:
-``_back_off``). The ModelRunner then verifies every sequence's drafts in ONE target
+``_adapt``). The ModelRunner then verifies every sequence's drafts in ONE target
 forward (each sequence's last token plus its k drafts, as a k + 1 token chunk over the paged KV cache), and
 ``commit`` rejection-samples (rejection.py), records the emitted tokens one at a time through the scheduler and
 the engine (so stop conditions apply at the exact token), and rolls back the rejected tokens: each sequence's
@@ -38,10 +38,13 @@ def can_speculate(seq: Sequence) -> bool:
 MAX_BACKOFF = 16
 
 
-def _back_off(seq: Sequence, accepted: int) -> None:
-    """After m consecutive drafts rejected outright, skip drafting for min(2^m, MAX_BACKOFF) decode steps: a
-    verification that accepts nothing costs a k + 1 token forward for one token (free chat, where n-gram
-    lookup finds stale matches), while one accepted draft resets it (copying, where drafts keep hitting)."""
+def _adapt(seq: Sequence, drafted: int, accepted: int) -> None:
+    """After a verify of ``drafted`` drafts that accepted ``accepted``: the next draft is at most accepted + 1 long
+    when some were rejected, twice as long when all were taken (the table's k caps it); and after m consecutive
+    drafts rejected outright, skip drafting for min(2^m, MAX_BACKOFF) decode steps. Rejected drafts cost forward
+    rows for nothing (free chat, where n-gram lookup finds stale matches), while copying keeps hitting: one
+    accepted draft resets the back-off, a fully accepted one lets the length grow back."""
+    seq.spec_limit = 2 * drafted if accepted == drafted else accepted + 1
     if accepted:
         seq.spec_misses = 0
     else:
@@ -121,7 +124,8 @@ class Speculator:
                 seq.spec_backoff -= 1
                 continue
             # Emitting k + 1 tokens past max_tokens (or the context) would be wasted work.
-            k = min(ahead, seq.params.max_tokens - len(seq.output_token_ids) - 1, limit - len(seq) - 1)
+            k = min(ahead, seq.params.max_tokens - len(seq.output_token_ids) - 1, limit - len(seq) - 1,
+                    seq.spec_limit or ahead)
             if k > 0:
                 items.append((seq, int(k)))
         if not items:
@@ -158,7 +162,7 @@ class Speculator:
         updates = [_merge(u) for u in per_seq.values()]
         for seq in sampled_seqs:
             if seq.seq_id in drafts:
-                _back_off(seq, len(emitted[seq.seq_id]) - 1)
+                _adapt(seq, len(drafts[seq.seq_id]), len(emitted[seq.seq_id]) - 1)
         drafted = sum(len(d) for d in drafts.values())
         accepted = sum(len(emitted[i]) - 1 for i in drafts)
         self.stats.record(self._batch_size, self._k, drafted, accepted, sum(len(e) for e in emitted.values()))

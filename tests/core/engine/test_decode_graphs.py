@@ -115,7 +115,7 @@ def test_cpu_graphs_are_captured_lazily_and_replay_the_eager_tokens(model_dir):
     assert graphs.bucket_for(33) is None
     calls = []
     forward = graphs._forward
-    graphs._forward = lambda b, q=1: calls.append(b) or forward(b, q)
+    graphs._forward = lambda key: calls.append(key) or forward(key)
     assert _long_run(llm, PROMPTS) == eager
     assert list(graphs.graphs) == [4]  # 3 sequences ride bucket 4: eager first, then captured, then replayed
     assert calls == [4, 4]  # the later 9 decode steps replayed without running the model's Python

@@ -1,7 +1,7 @@
-"""Verify steps replayed as CPU graphs (decode_graphs.py, keyed by bucket and q = k + 1): the same greedy tokens as
-plain decoding, with every sequence verifying a different number of drafts in one step (chunks filled from the
-front with tokens already computed), sequences too short for that run eagerly, and a verify capture that fails
-leaves the decode graphs alone."""
+"""Verify steps replayed as CPU graphs (decode_graphs.py, keyed by batch bucket and row bucket): the same greedy
+tokens as plain decoding, with every sequence verifying a different number of drafts in one step (the padding put in
+front of chunks as tokens already computed, or in padding sequences), and a verify capture that fails leaves the
+decode graphs alone."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import random
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.core.engine.decode_graphs import VERIFY_ROW_BUCKETS
 from engine.core.engine.spec_decode import SpeculativeConfig, Speculator
 
 PROMPTS = [
     "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
     "The capital of France is",
-    "Hi",  # short: its first verify step cannot fill a chunk of q tokens from the front
+    "Hi",  # short: at its first verify steps it can take at most a token or two of padding in front
 ]
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 K = 4
@@ -37,7 +38,7 @@ class ScriptedProposer:
             ref = self.continuation[tuple(seq.prompt_token_ids)]
             done = len(seq.output_token_ids)
             # The first two times (with its prefill, then its first decode step), the short prompt drafts 1 and the
-            # others k: at the second it is too short to fill a chunk of k + 1 from the front.
+            # others k: the padding of the second goes in front of the long ones.
             turn = self.turns[seq.seq_id] = self.turns.get(seq.seq_id, 0) + 1
             n = (1 if len(seq.prompt_token_ids) < 3 else k) if turn <= 2 else self.rng.randint(1, k)
             d = ref[done:done + n]
@@ -62,10 +63,11 @@ def reference(llm):
     return _tokens(llm.generate(PROMPTS, GREEDY))
 
 
-def _speculate(llm, reference, seed):
+def _speculate(llm, reference, seed, copies=1, k=K):
     prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
     proposer = ScriptedProposer({tuple(p): r for p, r in zip(prompts, reference, strict=True)}, seed)
-    config = SpeculativeConfig(method="draft_model", num_speculative_tokens=K)
+    prompts, reference = prompts * copies, reference * copies
+    config = SpeculativeConfig(method="draft_model", num_speculative_tokens=k)
     llm.engine.speculator = Speculator(config, llm.scheduler, proposer)
     try:
         outs = _tokens(llm.generate(prompts, GREEDY))
@@ -80,7 +82,7 @@ def test_verify_steps_replay_graphs_and_keep_the_greedy_tokens(llm, reference):
     assert graphs is not None and graphs.verify_disabled is None
     seen = []
     run_verify = graphs.run_verify
-    graphs.run_verify = lambda b, q, *a: seen.append((b, q)) or run_verify(b, q, *a)
+    graphs.run_verify = lambda key, *a: seen.append(key) or run_verify(key, *a)
     try:
         outs, stats, proposer = _speculate(llm, reference, seed=random.randrange(1 << 30))
     finally:
@@ -88,10 +90,21 @@ def test_verify_steps_replay_graphs_and_keep_the_greedy_tokens(llm, reference):
     assert outs == reference
     assert stats["accepted"] > 0 and stats["drafted"] > stats["accepted"]
     assert any(len(set(lengths)) > 1 for lengths in proposer.lengths), "no step mixed draft lengths"
-    assert len(seen) >= 3 and seen[0][0] == 4  # 3 sequences ride bucket 4 (fewer once some have finished)
-    assert all(b in (1, 2, 4) and 2 <= q <= K + 1 for b, q in seen)
-    assert len(seen) < len(proposer.lengths) - 1  # the prefill step and the short prompt's next: eager
+    assert seen[0][0] == 4  # 3 sequences ride bucket 4 (fewer once some have finished)
+    assert all(b in (1, 2, 4) and rows in VERIFY_ROW_BUCKETS and rows >= b for b, rows in seen)
+    # Every verify step replayed: each computes one new token a sequence (the prompts are in the prefix cache from
+    # the reference run but for their last token, which every step computes anew).
+    assert len(seen) == len(proposer.lengths)
     assert graphs.verify_graphs  # captured on a second use, then replayed
+    # 9 sequences drafting up to 8 tokens: steps over MAX_VERIFY_ROWS rows run eagerly, the others replay.
+    seen.clear()
+    graphs.run_verify = lambda key, *a: seen.append(key) or run_verify(key, *a)
+    try:
+        outs, stats, proposer = _speculate(llm, reference, seed=random.randrange(1 << 30), copies=3, k=8)
+    finally:
+        del graphs.run_verify
+    assert outs == reference * 3 and stats["accepted"] > 0
+    assert 0 < len(seen) < len(proposer.lengths) and all(b == 16 for b, _ in seen[:1])
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
 
 
@@ -100,10 +113,10 @@ def test_a_failed_verify_capture_keeps_the_decode_graphs(llm, reference, caplog)
     graphs.forget()
     forward, calls = graphs._forward, {}
 
-    def failing(b, q=1):
-        calls[b, q] = calls.get((b, q), 0) + 1
-        out = forward(b, q)  # the work is done, as a capture refused midway has done part of it
-        if q > 1 and calls[b, q] == 2:
+    def failing(key):
+        calls[key] = calls.get(key, 0) + 1
+        out = forward(key)  # the work is done, as a capture refused midway has done part of it
+        if not isinstance(key, int) and calls[key] == 2:
             raise RuntimeError("a CPU graph cannot capture item")
         return out
 
