@@ -49,6 +49,10 @@ class Platform:
     # server gives each engine process one device through it. None on a host platform, whose engine processes
     # share out the cores instead.
     device_control_env_var: ClassVar[str | None] = None
+    # Measured num_speculative_tokens_per_batch_size tables by speculative method (``engine tune-spec``): what a
+    # speculative_config naming a method but no k gets here. Empty: such a config drafts SpeculativeConfig's
+    # default k at every batch size.
+    speculative_tables: ClassVar[dict[str, dict[int, int]]] = {}
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:

@@ -25,6 +25,10 @@ class CpuPlatform(Platform):
     device_graphs = True
     graph_capture_computes = True
     graph_max_batch = 32
+    # `engine tune-spec` on the built-in model (2-core Xeon with AMX, 2026-12-06, BENCHMARKS.md): one sequence
+    # drafting 6 tokens ran 1.55-1.61x on repetitive text and 0.98-0.99x on chat; from two sequences on, every k
+    # cost chat 12-19% (verify rows are compute on 2 cores), so none.
+    speculative_tables = {"ngram": {1: 6, 2: 0}}
 
     def __init__(self):
         # Settings are checked here, when the platform is chosen, so a bad ENGINE_CPU_ISA / ENGINE_NUM_THREADS is

@@ -4,15 +4,27 @@ distribution exactly. ``LLM(speculative_config={...})`` turns it on (``build_spe
 
 from __future__ import annotations
 
+import logging
+
 from .config import SpeculativeConfig
 from .speculator import Speculator
 
 __all__ = ["SpeculativeConfig", "Speculator", "build_speculator"]
+log = logging.getLogger("engine")
 
 
 def build_speculator(config: dict | SpeculativeConfig, llm) -> Speculator:
     """A Speculator for ``llm`` (an engine.LLM whose scheduler and KV cache are built). For "draft_model" this
-    loads the draft checkpoint onto the target's device, with its own KV cache of the target's block geometry."""
+    loads the draft checkpoint onto the target's device, with its own KV cache of the target's block geometry.
+    A config that names no k (neither ``num_speculative_tokens`` nor a table) takes the platform's measured table
+    for its method where it has one (``Platform.speculative_tables``)."""
+    k_keys = {"num_speculative_tokens", "num_speculative_tokens_per_batch_size"}
+    if isinstance(config, dict) and not k_keys & set(config):
+        table = type(llm.platform).speculative_tables.get(config.get("method", "ngram"))
+        if table:
+            log.info("speculative decoding: the %s platform's measured table %s (engine tune-spec measures one for "
+                     "this model and machine)", llm.platform.name, table)
+            config = {**config, "num_speculative_tokens_per_batch_size": dict(table)}
     config = SpeculativeConfig.from_dict(config)
     draft = None
     if config.method == "draft_model":

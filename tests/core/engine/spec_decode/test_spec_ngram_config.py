@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine import SamplingParams
+from engine import LLM, SamplingParams
 from engine.core.engine.block_manager import BlockManager
 from engine.core.engine.scheduler import Scheduler
 from engine.core.engine.sequence import Sequence
 from engine.core.engine.spec_decode.config import SpeculativeConfig
 from engine.core.engine.spec_decode.ngram import NgramProposer
 from engine.core.engine.spec_decode.tuning import fill_table, pick_k
+from engine.platforms.cpu.platform import CpuPlatform
 
 
 def test_ngram_takes_the_longest_then_most_recent_match():
@@ -94,3 +95,16 @@ def test_lookahead_uses_only_free_blocks_and_budget_and_never_preempts():
     assert len(a.block_table) == 3 and bm.num_free_blocks == 0  # a now holds 9 tokens: 3 blocks needed
     sched.num_lookahead_slots = 0
     assert sched.schedule().lookahead == {}
+
+
+@pytest.mark.usefixtures("default_model")
+def test_a_config_without_k_takes_the_platforms_measured_table():
+    llm = LLM(kv_cache_bytes=8 << 20, platform="cpu", speculative_config={"method": "ngram"})
+    table = llm.engine.speculator.config.num_speculative_tokens_per_batch_size
+    assert table == CpuPlatform.speculative_tables["ngram"] and table
+    assert llm.engine.speculator.config.num_tokens_for(1) == table[1]
+    for given, k in (({"method": "ngram", "num_speculative_tokens": 3}, 3),
+                     ({"method": "ngram", "num_speculative_tokens_per_batch_size": {1: 2}}, 2)):
+        llm = LLM(kv_cache_bytes=8 << 20, platform="cpu", speculative_config=given)
+        config = llm.engine.speculator.config
+        assert config.num_tokens_for(1) == config.num_tokens_for(8) == k  # what the user gave, not the table
