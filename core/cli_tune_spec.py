@@ -29,28 +29,24 @@ def add_arguments(p) -> None:
     p.add_argument("--out", help="also write the config, the table and every measurement to this JSON file")
 
 
-def _positive_ints(text: str) -> list[int]:
+def _int_list(text: str, lo: int, hi: int | None, need: str) -> list[int]:
     import argparse
 
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"need comma-separated integers >= 1, got {text!r}")
+    if not values or min(values) < lo or (hi is not None and max(values) > hi):
+        raise argparse.ArgumentTypeError(f"need comma-separated integers {need}, got {text!r}")
     return values
+
+
+def _positive_ints(text: str) -> list[int]:
+    return _int_list(text, 1, None, ">= 1")
 
 
 def _ks(text: str) -> list[int]:
-    import argparse
-
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 0 or max(values) > 8:
-        raise argparse.ArgumentTypeError(f"need comma-separated integers in 0..8, got {text!r}")
-    return values
+    return _int_list(text, 0, 8, "in 0..8")
 
 
 def run(args) -> int:

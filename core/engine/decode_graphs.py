@@ -39,6 +39,10 @@ log = logging.getLogger("engine")
 # alive (~1.4 MiB a row for the built-in model, mostly logits), and at 64 rows the Python it saves matters less.
 MAX_VERIFY_ROWS = 64
 VERIFY_ROW_BUCKETS = (*range(2, 9), 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, MAX_VERIFY_ROWS)
+# Bytes the verify graphs may hold together (what their captures allocated, ``replay.fresh_bytes``): past it the least
+# recently replayed are dropped (captured again if used again), and a graph larger than it alone runs eagerly. The
+# built-in model holds ~1.4 MiB a row; an 8B-shaped one ~6.
+VERIFY_GRAPH_BYTES = 1 << 30
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
@@ -92,7 +96,9 @@ class DecodeGraphs:
         self.cu = torch.arange(big + 1, dtype=torch.int32, device=dev)
         self.rows = torch.arange(rows, dtype=torch.int64, device=dev)
         self.graphs: dict[int, tuple] = {}  # bucket -> (replay, logits)
-        self.verify_graphs: dict[tuple[int, int], tuple] = {}  # (bucket, rows) -> (replay, logits)
+        self.verify_graphs: dict[tuple[int, int], tuple] = {}  # (bucket, rows) -> (replay, logits), oldest use first
+        self.verify_bytes = 0  # what the verify graphs hold (VERIFY_GRAPH_BYTES)
+        self._verify_eager: set[tuple[int, int]] = set()  # keys whose graph alone exceeds VERIFY_GRAPH_BYTES
         self.disabled: str | None = None
         self.lazy = platform.graph_capture_computes
         # Verify graphs are captured on first use, which only a capture that computes makes free (GPUs: not yet).
@@ -136,14 +142,31 @@ class DecodeGraphs:
         self._warm.clear()
 
     def _set_graph(self, key, replay, logits: torch.Tensor) -> None:
-        """``key``: a bucket (decode) or (bucket, q) (verify)."""
-        (self.graphs if isinstance(key, int) else self.verify_graphs)[key] = (replay, logits)
+        """``key``: a bucket (decode) or (bucket, rows) (verify; kept within VERIFY_GRAPH_BYTES)."""
         self._outputs = {k: v for k, v in self._outputs.items() if k[0] != key}  # views of the old logits
+        if isinstance(key, int):
+            self.graphs[key] = (replay, logits)
+            return
+        size = getattr(replay, "fresh_bytes", 0)
+        if size > VERIFY_GRAPH_BYTES:
+            self._verify_eager.add(key)
+            return
+        while self.verify_graphs and self.verify_bytes + size > VERIFY_GRAPH_BYTES:
+            self._forget_verify(next(iter(self.verify_graphs)))
+        self.verify_graphs[key] = (replay, logits)
+        self.verify_bytes += size
+
+    def _forget_verify(self, key) -> None:
+        replay, _ = self.verify_graphs.pop(key)
+        self.verify_bytes -= getattr(replay, "fresh_bytes", 0)
+        self._warm.discard(key)
+        self._outputs = {k: v for k, v in self._outputs.items() if k[0] != key}
 
     def _drop_graphs(self, verify_only: bool = False) -> None:
         if not verify_only:
             self.graphs.clear()
         self.verify_graphs.clear()
+        self.verify_bytes = 0
         self._outputs = {k: v for k, v in self._outputs.items() if verify_only and isinstance(k[0], int)}
 
     def bucket_for(self, n: int) -> int | None:
@@ -162,7 +185,7 @@ class DecodeGraphs:
         b = self.bucket_for(n)
         need = None if b is None else t + b - n  # one row for each padding sequence
         rows = next((r for r in VERIFY_ROW_BUCKETS if need is not None and r >= need), None)
-        return None if rows is None else (b, rows)
+        return None if rows is None or (b, rows) in self._verify_eager else (b, rows)
 
     def _next_host(self):
         host = self._host[self._turn]
@@ -234,7 +257,12 @@ class DecodeGraphs:
         return self._replay(key, t)
 
     def _replay(self, key, rows: int) -> torch.Tensor:
-        entry = (self.graphs if isinstance(key, int) else self.verify_graphs).get(key)
+        if isinstance(key, int):
+            entry = self.graphs.get(key)
+        else:
+            entry = self.verify_graphs.pop(key, None)
+            if entry is not None:
+                self.verify_graphs[key] = entry  # the most recently used last
         if entry is None:  # lazy: not captured yet
             return self._first_uses(key)[:rows]
         replay, logits = entry

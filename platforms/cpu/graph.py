@@ -71,6 +71,7 @@ class _Recorder(TorchFunctionMode):
         super().__init__()
         self.calls: list = []  # zero-argument callables, in the order of the capture
         self.keep: list[torch.Tensor] = []  # every tensor the capture made: recorded addresses point into them
+        self.fresh: dict[int, int] = {}  # storages the capture allocated (not views of its inputs): address -> bytes
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -81,6 +82,12 @@ class _Recorder(TorchFunctionMode):
         out = func(*args, **kwargs)
         outs = _tensors(out)
         self.keep.extend(outs)
+        if outs:
+            seen = {t.untyped_storage().data_ptr() for t in _tensors(args)}
+            for t in outs:
+                storage = t.untyped_storage()
+                if storage.data_ptr() not in seen:
+                    self.fresh[storage.data_ptr()] = storage.nbytes()
         if name in _NO_REPLAY and not _copied(name, args, outs):
             return out
         if name == "__getitem__" and not _tensor_index(args):  # basic indexing: a view
@@ -192,6 +199,7 @@ def capture(fn):
             call()
 
     replay.keep = keep  # the memory the recorded calls address lives as long as the replay
+    replay.fresh_bytes = sum(rec.fresh.values())  # of it, what the capture allocated (views of weights excluded)
     replay.num_calls = len(rec.calls)
     replay.num_native = sum(isinstance(c, _Native) for c in rec.calls)  # of them, those run by the native loop
     return replay, out

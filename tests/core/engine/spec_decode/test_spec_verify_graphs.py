@@ -10,6 +10,7 @@ import random
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.core.engine import decode_graphs
 from engine.core.engine.decode_graphs import VERIFY_ROW_BUCKETS
 from engine.core.engine.spec_decode import SpeculativeConfig, Speculator
 
@@ -132,3 +133,25 @@ def test_a_failed_verify_capture_keeps_the_decode_graphs(llm, reference, caplog)
     assert graphs.verify_disabled and not graphs.verify_graphs
     assert graphs.disabled is None and graphs.graphs
     graphs.verify_disabled = None  # the module's llm is shared: verify graphs on again
+
+
+def test_verify_graphs_stay_within_their_memory_budget(llm, reference, monkeypatch):
+    graphs = llm.runner.graphs
+    graphs.forget()
+    _speculate(llm, reference, seed=2)
+    sizes = {key: replay.fresh_bytes for key, (replay, _) in graphs.verify_graphs.items()}
+    vocab = llm.config.vocab_size
+    # What a capture allocated: at least its fp32 logits, far less than the weights (views of them do not count).
+    assert all(rows * vocab * 4 <= size < rows * (8 << 20) for (_, rows), size in sizes.items()), sizes
+    assert graphs.verify_bytes == sum(sizes.values())
+    budget = sorted(sizes.values())[-2] + sorted(sizes.values())[-1] // 2  # room for about two graphs
+    monkeypatch.setattr(decode_graphs, "VERIFY_GRAPH_BYTES", budget)
+    graphs.forget()
+    outs, _, _ = _speculate(llm, reference, seed=3)
+    assert outs == reference
+    assert 0 < graphs.verify_bytes <= budget and 1 <= len(graphs.verify_graphs) <= 2
+    monkeypatch.setattr(decode_graphs, "VERIFY_GRAPH_BYTES", 1)  # every graph too large: verify steps run eagerly
+    graphs.forget()
+    outs, _, _ = _speculate(llm, reference, seed=4)
+    assert outs == reference and not graphs.verify_graphs and graphs._verify_eager
+    graphs._verify_eager.clear()
