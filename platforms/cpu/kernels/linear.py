@@ -91,5 +91,9 @@ def register(registry, fp16_max_m: int | None) -> None:
                           supports=lambda *args: _supports_native_fp16(fp16_max_m, *args), dtypes=(torch.float16,),
                           note=f"fp16 x/W/bias, fp32 sums ({rows}; measured faster than torch's fp16 GEMM there); "
                           + isa_note())
+    # fp16 named explicitly: the platform's own dtypes (fp32, bf16) would leave torch_blas claiming no fp16, and then
+    # the rows native_fp16 declines on an AVX512-FP16 CPU (M > 2) had no kernel in the kit's coverage (a Xeon with
+    # AVX512-FP16 failed it, session 19).
     registry.register(linear, F.linear, name="torch_blas", priority=0, supports=_supports_blas,
+                      dtypes=(torch.float32, torch.bfloat16, torch.float16),
                       note="torch's F.linear (MKL/oneDNN/OpenBLAS): fp32, bf16, and fp16 where native_fp16 declines")
