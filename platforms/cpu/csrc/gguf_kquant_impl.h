@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "convert.h"
 #include "gguf_dequant.h"
@@ -19,14 +20,32 @@
 namespace engine_cpu {
 namespace {
 
-// The 8 six-bit scales and mins of the 12 bytes at s (llama.cpp's get_scale_min_k4).
+// The 8 six-bit scales and mins of the 12 bytes at s (llama.cpp's get_scale_min_k4), unpacked 4 at a time in 32-bit
+// words (scales 0-3 are the low 6 bits of bytes 0-3, mins 0-3 of bytes 4-7; scales and mins 4-7 take the low and
+// high nibbles of bytes 8-11 and the top 2 bits of bytes 0-3 and 4-7): ~12 integer ops instead of ~50 byte by byte,
+// which mattered beside the vector work of a 256-element super-block in the decode GEMV.
 ENGINE_VEC_FN inline void scale_min_k4(const uint8_t* s, float d, float dmin, float* a, float* c) {
-  for (int j = 0; j < 8; ++j) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  for (int j = 0; j < 8; ++j) {  // byte by byte: the word trick below reads bytes in little-endian order
     const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
     const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     a[j] = d * static_cast<float>(sc);
     c[j] = dmin * static_cast<float>(mn);
   }
+#else
+  uint32_t w[3];
+  std::memcpy(w, s, 12);
+  constexpr uint32_t k6 = 0x3f3f3f3fu, k4 = 0x0f0f0f0fu, k2 = 0x03030303u;
+  const uint32_t sc[2] = {w[0] & k6, (w[2] & k4) | (((w[0] >> 6) & k2) << 4)};
+  const uint32_t mn[2] = {w[1] & k6, ((w[2] >> 4) & k4) | (((w[1] >> 6) & k2) << 4)};
+  uint8_t scb[8], mnb[8];
+  std::memcpy(scb, sc, 8);
+  std::memcpy(mnb, mn, 8);
+  for (int j = 0; j < 8; ++j) {
+    a[j] = d * static_cast<float>(scb[j]);
+    c[j] = dmin * static_cast<float>(mnb[j]);
+  }
+#endif
 }
 
 // Q4_K (kFive false) or Q5_K: 4 groups of 64, each the low then the high nibbles of 32 bytes (+ a fifth bit).
