@@ -1,6 +1,6 @@
 // The fp32-activation GGUF linear (gemv at m = 1, decode + dot above) vs x @ dequant(W)^T computed here in
-// double from the format, on every ISA variant the CPU runs, fp32 and bf16 activations; and the panel decode
-// vs gguf_dequant bit for bit.
+// double from the format, on every ISA variant the CPU runs, fp32 and bf16 activations; the K-quants against their
+// decode; and the panel decode vs gguf_dequant bit for bit.
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -83,6 +83,49 @@ void run(int qtype, int64_t m, int64_t n, int64_t k, bool bf16, std::mt19937& rn
     }
 }
 
+// K-quant rows (Q4_K, Q5_K, Q6_K): random bytes with finite fp16 super-block scales (d, dmin / d).
+std::vector<uint8_t> random_k_rows(int qtype, int64_t n, int64_t k, int64_t row_bytes, std::mt19937& rng) {
+  const int sb = gguf_kquant_bytes(qtype);
+  std::vector<uint8_t> raw(n * row_bytes);
+  std::uniform_int_distribution<int> byte(0, 255), e(5, 12), mant(0, 1023), sign(0, 1);
+  for (auto& v : raw) v = static_cast<uint8_t>(byte(rng));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t s = 0; s < k / 256; ++s)
+      for (int off : qtype == kQ6_K ? std::vector<int>{208} : std::vector<int>{0, 2}) {
+        const uint16_t h = static_cast<uint16_t>((sign(rng) << 15) | (e(rng) << 10) | mant(rng));
+        std::memcpy(raw.data() + r * row_bytes + s * sb + off, &h, 2);
+      }
+  return raw;
+}
+
+// The K-quant linear (m = 1: the vector-layer row dots; m > 1: decoded panels) vs x . w in double, w from
+// gguf_kquant_dequant (the decode the Python tests hold bit-exact to gguf-py).
+void run_k(int qtype, int64_t m, int64_t n, int64_t k, std::mt19937& rng, const char* isa) {
+  const int64_t row_bytes = k / 256 * gguf_kquant_bytes(qtype) + 6;
+  const std::vector<uint8_t> raw = random_k_rows(qtype, n, k, row_bytes, rng);
+  std::vector<float> w(n * k);
+  gguf_kquant_dequant({qtype, raw.data(), row_bytes, n, k, w.data(), k, DType::F32});
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(m * k), y(m * n, -1.0f);
+  for (auto& v : x) v = normal(rng);
+  gguf_linear({qtype, x.data(), k, m, k, raw.data(), row_bytes, n, y.data(), n, DType::F32});
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t r = 0; r < n; ++r) {
+      double want = 0.0, scale = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double t = double(x[i * k + c]) * w[r * k + c];
+        want += t;
+        scale += std::fabs(t);
+      }
+      if (!(std::fabs(y[i * n + r] - want) <= 1e-5 * scale + 1e-30)) {
+        check::fail(std::string(isa) + " K-quant qtype " + std::to_string(qtype) + " m " + std::to_string(m) +
+                    " n " + std::to_string(n) + " k " + std::to_string(k) + " [" + std::to_string(i) + ", " +
+                    std::to_string(r) + "]: got " + std::to_string(y[i * n + r]) + " want " + std::to_string(want));
+        return;
+      }
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -97,5 +140,8 @@ int main() {
       for (auto [rows, k] : {std::pair<int, int64_t>{4, 96}, {1, 32}, {3, 160}})
         decode_is_exact(qtype, rows, k, rng, isa);
     }
+    for (int qtype : {kQ4_K, kQ5_K, kQ6_K})
+      for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 256}, {1, 67, 768}, {3, 9, 512}})
+        run_k(qtype, m, n, k, rng, isa);
   });
 }

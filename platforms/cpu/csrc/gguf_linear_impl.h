@@ -218,43 +218,104 @@ ENGINE_VEC_FN void gemv_impl(int qtype, const uint8_t* w, int64_t w_stride, int 
   with_qtype(qtype, [&](auto q) { gemv_q<V, decltype(q)::value>(w, w_stride, rows, k, x, out, lut); });
 }
 
-// Q4_K's row dot on the vector layer: per sub-block of 32, W lanes of nibbles converted in place and FMA'd into
-// that sub-block's sums (the low and the high nibbles of 32 bytes are two sub-blocks), each sum scaled once by its
-// 6-bit scale; the minimums come off as c_j * sum(x_j). With the word-wise scale unpack, Q4_K at M = 1 went from
-// 0.22-0.24x to 0.33-0.38x of Q4_0's packed kernel (bench_cpu_kquant.py, 2-core Emerald Rapids, AVX-512). Q5_K and
-// Q6_K keep kquant_row_dot: their high bits need integer lane ops the vector layer does not have on every backend.
-template <class V>
-ENGINE_VEC_FN inline float q4k_row_dot(const uint8_t* b, int64_t k, const float* x, const float* xsum) {
+// The K-quant row dots on the vector layer (kquant_gemv_v): per sub-block, W lanes of quants widened in place
+// (nibbles, plus Q5_K's fifth bit or Q6_K's two high bits, from_bits) and FMA'd with x into that sub-block's sum,
+// which is scaled once; Q4_K / Q5_K's minimums come off as c_j * sum(x_j), Q6_K's -32 as 32 * sum(x_run). At M = 1
+// against Q4_0's packed kernel (bench_cpu_kquant.py, 2-core Emerald Rapids, AVX-512): Q4_K 0.22-0.24x -> 0.40-0.58x,
+// Q5_K 0.14 -> 0.29-0.40x, Q6_K 0.09 -> 0.21-0.28x (BENCHMARKS.md, session 19).
+
+// Sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles) of a Q4_K / Q5_K super-block, each summed with x.
+template <class V, bool kFive, int G>
+ENGINE_VEC_FN inline void q45k_group(const uint8_t* b, const float* x0, typename V::F& lo, typename V::F& hi) {
+  const uint8_t* q = b + (kFive ? 48 : 16) + 32 * G;
+  #pragma GCC unroll 8
+  for (int i = 0; i < 32; i += V::W) {
+    typename V::F l = V::from_u4lo(q + i), h = V::from_u4hi(q + i);
+    if constexpr (kFive) {  // the fifth bit of element i of sub-blocks 2G and 2G + 1: bits 2G and 2G + 1 of qh[i]
+      l = V::fma(V::template from_bits<2 * G, 1>(b + 16 + i), V::set1(16.0f), l);
+      h = V::fma(V::template from_bits<2 * G + 1, 1>(b + 16 + i), V::set1(16.0f), h);
+    }
+    lo = V::fma(l, V::load(x0 + i), lo);
+    hi = V::fma(h, V::load(x0 + 32 + i), hi);
+  }
+}
+
+template <class V, bool kFive>
+ENGINE_VEC_FN inline float q45k_row_dot(const uint8_t* b, int64_t k, const float* x, const float* xsum) {
   using F = typename V::F;
-  constexpr int W = V::W;
   F acc[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
   float off = 0.0f;
-  for (int64_t c0 = 0; c0 < k; c0 += 256, b += 144) {
+  for (int64_t c0 = 0; c0 < k; c0 += 256, b += kFive ? 176 : 144) {
     float a[8], c[8];
     scale_min_k4(b + 4, fp16_to_f32(load_fp16(b)), fp16_to_f32(load_fp16(b + 2)), a, c);
+    F lo[4] = {V::zero(), V::zero(), V::zero(), V::zero()}, hi[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
+    q45k_group<V, kFive, 0>(b, x + c0, lo[0], hi[0]);
+    q45k_group<V, kFive, 1>(b, x + c0 + 64, lo[1], hi[1]);
+    q45k_group<V, kFive, 2>(b, x + c0 + 128, lo[2], hi[2]);
+    q45k_group<V, kFive, 3>(b, x + c0 + 192, lo[3], hi[3]);
     #pragma GCC unroll 4
     for (int g = 0; g < 4; ++g) {
-      const uint8_t* q = b + 16 + 32 * g;
-      const float* x0 = x + c0 + 64 * g;
-      F lo = V::zero(), hi = V::zero();
-      #pragma GCC unroll 8
-      for (int i = 0; i < 32; i += W) {
-        lo = V::fma(V::from_u4lo(q + i), V::load(x0 + i), lo);
-        hi = V::fma(V::from_u4hi(q + i), V::load(x0 + 32 + i), hi);
-      }
-      acc[g] = V::fma(lo, V::set1(a[2 * g]), acc[g]);
-      acc[g] = V::fma(hi, V::set1(a[2 * g + 1]), acc[g]);
+      acc[g] = V::fma(lo[g], V::set1(a[2 * g]), acc[g]);
+      acc[g] = V::fma(hi[g], V::set1(a[2 * g + 1]), acc[g]);
       off += c[2 * g] * xsum[c0 / 32 + 2 * g] + c[2 * g + 1] * xsum[c0 / 32 + 2 * g + 1];
     }
   }
   return V::reduce_add(V::add(V::add(acc[0], acc[1]), V::add(acc[2], acc[3]))) - off;
 }
 
+// Group S (elements 32S + i, i < 32) of a Q6_K half: a nibble of ql[32 (S % 2) + i] (low for S < 2), bits 2S, 2S + 1
+// of qh[i]; scales per 16 elements (sc[2S] for i < 16, sc[2S + 1] above).
+template <class V, int S>
+ENGINE_VEC_FN inline typename V::F q6k_group(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, float d,
+                                            const float* xs, typename V::F acc) {
+  using F = typename V::F;
+  #pragma GCC unroll 2
+  for (int t = 0; t < 2; ++t) {
+    F run = V::zero(), xrun = V::zero();
+    #pragma GCC unroll 4
+    for (int i = 16 * t; i < 16 * t + 16; i += V::W) {
+      F lo;
+      if constexpr (S < 2) lo = V::from_u4lo(ql + 32 * (S % 2) + i);
+      else lo = V::from_u4hi(ql + 32 * (S % 2) + i);
+      const F q = V::fma(V::template from_bits<2 * S, 3>(qh + i), V::set1(16.0f), lo);
+      const F xv = V::load(xs + 32 * S + i);
+      run = V::fma(q, xv, run);
+      xrun = V::add(xrun, xv);
+    }
+    acc = V::fma(V::fma(xrun, V::set1(-32.0f), run), V::set1(d * static_cast<float>(sc[2 * S + t])), acc);
+  }
+  return acc;
+}
+
+template <class V>
+ENGINE_VEC_FN inline float q6k_row_dot(const uint8_t* b, int64_t k, const float* x) {
+  using F = typename V::F;
+  F acc[2] = {V::zero(), V::zero()};
+  for (int64_t c0 = 0; c0 < k; c0 += 256, b += 210) {
+    const float d = fp16_to_f32(load_fp16(b + 208));
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = b + 64 * h;
+      const uint8_t* qh = b + 128 + 32 * h;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h;
+      const float* xs = x + c0 + 128 * h;
+      acc[h] = q6k_group<V, 0>(ql, qh, sc, d, xs, acc[h]);
+      acc[h] = q6k_group<V, 1>(ql, qh, sc, d, xs, acc[h]);
+      acc[h] = q6k_group<V, 2>(ql, qh, sc, d, xs, acc[h]);
+      acc[h] = q6k_group<V, 3>(ql, qh, sc, d, xs, acc[h]);
+    }
+  }
+  return V::reduce_add(V::add(acc[0], acc[1]));
+}
+
 template <class V>
 ENGINE_VEC_FN void kquant_gemv_v(int qtype, const uint8_t* w, int64_t w_stride, int rows, int64_t k, const float* x,
                                  const float* xsum, float* out) {
-  if (qtype != kQ4_K) return kquant_gemv(qtype, w, w_stride, rows, k, x, xsum, out);
-  for (int r = 0; r < rows; ++r) out[r] = q4k_row_dot<V>(w + r * w_stride, k, x, xsum);
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* b = w + r * w_stride;
+    out[r] = qtype == kQ4_K ? q45k_row_dot<V, false>(b, k, x, xsum)
+             : qtype == kQ5_K ? q45k_row_dot<V, true>(b, k, x, xsum) : q6k_row_dot<V>(b, k, x);
+  }
 }
 
 template <class V>

@@ -5,6 +5,7 @@
 // fp32 widening (the fp32-activation GGUF linear), W = V::W lanes:
 //   from_i8(p)   W signed bytes at p as W floats; from_u8(p) W unsigned bytes;
 //   from_u4lo(p) / from_u4hi(p) the low / high nibbles of the W bytes at p (0..15);
+//   from_bits<S, M>(p) (byte >> S) & M of the W bytes at p (the K-quants' high bits);
 //   kBlockLoads: whether q4_block / q8_block exist (where widening a whole 32-value block from 16-byte loads
 //     beats 32 / W loads of W bytes): q4_block(qs, q, whole) = a Q4 block's 16 bytes as 32 / W vectors, low
 //     nibbles (values 0..15) then high nibbles, or with `whole` the whole bytes; q8_block(p, q) = 32 int8;
@@ -66,6 +67,10 @@ struct QuantScalar {
     return F{{float(p[0] >> 4), float(p[1] >> 4), float(p[2] >> 4), float(p[3] >> 4)}};
   }
   static F from_u8(const uint8_t* p) { return F{{float(p[0]), float(p[1]), float(p[2]), float(p[3])}}; }
+  template <int S, int M>
+  static F from_bits(const uint8_t* p) {
+    return F{{float((p[0] >> S) & M), float((p[1] >> S) & M), float((p[2] >> S) & M), float((p[3] >> S) & M)}};
+  }
   static constexpr bool kLut16 = false;
   static constexpr bool kBlockLoads = false;
   static constexpr bool kFp16Scalar = false;
@@ -179,6 +184,10 @@ struct QuantAvx2 {
   }
   ENGINE_AVX2 static F from_u4hi(const uint8_t* p) { return _mm256_cvtepi32_ps(_mm256_srli_epi32(u8x8(p), 4)); }
   ENGINE_AVX2 static F from_u8(const uint8_t* p) { return _mm256_cvtepi32_ps(u8x8(p)); }
+  template <int S, int M>
+  ENGINE_AVX2 static F from_bits(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(u8x8(p), S), _mm256_set1_epi32(M)));
+  }
   static constexpr bool kLut16 = false;  // a 16-entry table is two ymm registers: 2 permutes + a blend
   static constexpr bool kBlockLoads = false;
   static constexpr bool kFp16Scalar = true;
@@ -281,6 +290,10 @@ struct QuantAvx512 {
   }
   ENGINE_AVX512 static F from_u4hi(const uint8_t* p) { return _mm512_cvtepi32_ps(_mm512_srli_epi32(u8x16(p), 4)); }
   ENGINE_AVX512 static F from_u8(const uint8_t* p) { return _mm512_cvtepi32_ps(u8x16(p)); }
+  template <int S, int M>
+  ENGINE_AVX512 static F from_bits(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(u8x16(p), S), _mm512_set1_epi32(M)));
+  }
   static constexpr bool kLut16 = true;  // vpermps reads the low 4 bits of each index lane
   static constexpr bool kBlockLoads = false;
   static constexpr bool kFp16Scalar = true;
@@ -382,6 +395,11 @@ struct QuantNeon {
   static F from_u4lo(const uint8_t* p) { return vcvtq_f32_u32(vandq_u32(u8x4(p), vdupq_n_u32(15))); }
   static F from_u4hi(const uint8_t* p) { return vcvtq_f32_u32(vshrq_n_u32(u8x4(p), 4)); }
   static F from_u8(const uint8_t* p) { return vcvtq_f32_u32(u8x4(p)); }
+  template <int S, int M>
+  static F from_bits(const uint8_t* p) {
+    if constexpr (S == 0) return vcvtq_f32_u32(vandq_u32(u8x4(p), vdupq_n_u32(M)));
+    else return vcvtq_f32_u32(vandq_u32(vshrq_n_u32(u8x4(p), S), vdupq_n_u32(M)));
+  }
   // Whole blocks from 16-byte loads: widening 16 lanes at a time takes half the instructions of 4-byte loads.
   static constexpr bool kBlockLoads = true;
   static void widen_u8(uint8x16_t v, F* q) {  // 16 unsigned bytes -> 4 vectors
@@ -461,6 +479,11 @@ struct QuantVsx {
   static F from_u4lo(const uint8_t* p) { return vec_ctf(vec_and(u8x4(p), vec_splats(15u)), 0); }
   static F from_u4hi(const uint8_t* p) { return vec_ctf(vec_sr(u8x4(p), vec_splats(4u)), 0); }
   static F from_u8(const uint8_t* p) { return vec_ctf(u8x4(p), 0); }
+  template <int S, int M>
+  static F from_bits(const uint8_t* p) {
+    return vec_ctf(vec_and(vec_sr(u8x4(p), vec_splats(static_cast<unsigned>(S))), vec_splats(static_cast<unsigned>(M))),
+                   0);
+  }
   static constexpr bool kLut16 = false;
   static constexpr bool kFp16Scalar = false;
   // Whole blocks from 16-byte loads, widened by merging with zero (unsigned) or unpacking (signed); the

@@ -65,13 +65,15 @@ def test_reference_matches_per_token_loop(case, dtype, gen):
     assert got.dtype == dtype and got.shape == args[0].shape
     want = _loop(*args)
     # Both quantize the same values; fp32 vs float64 sums may tip a rare FP8 (or x-dtype) rounding of a token's
-    # intermediate, which moves that token's whole output row (one row of 17 in 2% of e16_top4_fnuz's seeds), so:
-    # every token but at most one agrees to the output's rounding, all agree within the op tolerance.
+    # intermediate, which moves that token's whole output row (one row of 17 in 2% of e16_top4_fnuz's seeds; with
+    # 1x128 groups there are more roundings: block_fnuz_prefill in fp16 had 1 row of 66 in 17% of 60 seeds and 2 in
+    # 5%), so: every token but one in 20 (at least one) agrees to the output's rounding, all within the op tolerance.
     err = (got.double() - want).abs()
     ulp = {torch.float32: 1e-5, torch.bfloat16: 2**-8, torch.float16: 2**-10}[dtype]
     close = err <= 1e-5 + 2 * ulp * want.abs()
     differing = (~close).any(dim=-1).nonzero().flatten().tolist()
-    assert len(differing) <= 1, f"tokens {differing} differ beyond the output's rounding"
+    allowed = max(1, args[0].shape[0] // 20)
+    assert len(differing) <= allowed, f"tokens {differing} differ beyond the output's rounding"
     tol = OP.tolerances[dtype]
     torch.testing.assert_close(got.double(), want, atol=tol.atol, rtol=tol.rtol)
 
