@@ -18,19 +18,26 @@ using namespace engine_cpu;
 
 namespace {
 
-// n random rows of k / 32 blocks, row_bytes apart (padded past the blocks), with finite fp16 scales.
-std::vector<uint8_t> random_rows(int qtype, int64_t n, int64_t k, int64_t row_bytes, std::mt19937& rng) {
-  const int bb = gguf_block_bytes(qtype);
+// n rows of random bytes, row_bytes apart, with a finite fp16 scale at each of `offsets` in each of the row's blocks
+// of block_bytes (so no NaN or infinity scale hides a wrong value).
+std::vector<uint8_t> random_scaled_rows(int64_t n, int64_t row_bytes, int64_t blocks, int block_bytes,
+                                        const std::vector<int>& offsets, std::mt19937& rng) {
   std::vector<uint8_t> raw(n * row_bytes);
   std::uniform_int_distribution<int> byte(0, 255), e(5, 12), mant(0, 1023), sign(0, 1);
   for (auto& v : raw) v = static_cast<uint8_t>(byte(rng));
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t blk = 0; blk < k / 32; ++blk)
-      for (int off = 0; off < (qtype == kQ4_1 ? 4 : 2); off += 2) {
+    for (int64_t blk = 0; blk < blocks; ++blk)
+      for (int off : offsets) {
         const uint16_t h = static_cast<uint16_t>((sign(rng) << 15) | (e(rng) << 10) | mant(rng));
-        std::memcpy(raw.data() + r * row_bytes + blk * bb + off, &h, 2);
+        std::memcpy(raw.data() + r * row_bytes + blk * block_bytes + off, &h, 2);
       }
   return raw;
+}
+
+// n random rows of k / 32 blocks (Q4_0, Q4_1, Q8_0), row_bytes apart (padded past the blocks).
+std::vector<uint8_t> random_rows(int qtype, int64_t n, int64_t k, int64_t row_bytes, std::mt19937& rng) {
+  const std::vector<int> scales = qtype == kQ4_1 ? std::vector<int>{0, 2} : std::vector<int>{0};
+  return random_scaled_rows(n, row_bytes, k / 32, gguf_block_bytes(qtype), scales, rng);
 }
 
 // The panel decode of the M > 1 path gives gguf_dequant's fp32 values bit for bit.
@@ -83,19 +90,10 @@ void run(int qtype, int64_t m, int64_t n, int64_t k, bool bf16, std::mt19937& rn
     }
 }
 
-// K-quant rows (Q4_K, Q5_K, Q6_K): random bytes with finite fp16 super-block scales (d, dmin / d).
+// K-quant rows (Q4_K, Q5_K, Q6_K) of k / 256 super-blocks: finite d (and dmin) scales.
 std::vector<uint8_t> random_k_rows(int qtype, int64_t n, int64_t k, int64_t row_bytes, std::mt19937& rng) {
-  const int sb = gguf_kquant_bytes(qtype);
-  std::vector<uint8_t> raw(n * row_bytes);
-  std::uniform_int_distribution<int> byte(0, 255), e(5, 12), mant(0, 1023), sign(0, 1);
-  for (auto& v : raw) v = static_cast<uint8_t>(byte(rng));
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t s = 0; s < k / 256; ++s)
-      for (int off : qtype == kQ6_K ? std::vector<int>{208} : std::vector<int>{0, 2}) {
-        const uint16_t h = static_cast<uint16_t>((sign(rng) << 15) | (e(rng) << 10) | mant(rng));
-        std::memcpy(raw.data() + r * row_bytes + s * sb + off, &h, 2);
-      }
-  return raw;
+  const std::vector<int> scales = qtype == kQ6_K ? std::vector<int>{208} : std::vector<int>{0, 2};
+  return random_scaled_rows(n, row_bytes, k / 256, gguf_kquant_bytes(qtype), scales, rng);
 }
 
 // The K-quant linear (m = 1: the vector-layer row dots; m > 1: decoded panels) vs x . w in double, w from
