@@ -64,10 +64,11 @@ def run(args) -> int:
     tuner = SpecTuner(llm, base, args.max_tokens, args.repeats, log=log)
     table, raw = tuner.tune(args.batch_sizes, args.ks, args.floor)
     config = {**base, "num_speculative_tokens_per_batch_size": {str(b): k for b, k in table.items()}}
+    chosen = tuner.config(table)  # the engine's own lookup of the table
     print("batch | " + " | ".join(f"k={k}" for k in sorted(raw[min(raw)])) + " | chosen")
     for b, by_k in raw.items():
         cells = [" / ".join(f"{by_w[w] / by_k[0][w]:.2f}x" for w in by_w) for by_w in by_k.values()]
-        print(f"{b} | " + " | ".join(cells) + f" | {_lookup(table, b)}")
+        print(f"{b} | " + " | ".join(cells) + f" | {chosen.num_tokens_for(b)}")
     print("(speedup against k=0 on " + " / ".join(next(iter(raw[min(raw)].values()))) + ")")
     print(f"--speculative-config '{json.dumps(config)}'")
     if args.out:
@@ -78,7 +79,3 @@ def run(args) -> int:
                       f, indent=1)
     return 0
 
-
-def _lookup(table: dict[int, int], batch_size: int) -> int:
-    keys = [b for b in table if b <= batch_size]
-    return table[max(keys)] if keys else table[min(table)]
