@@ -16,8 +16,8 @@ Three implementations:
   floats is not reliable there).
 * ``triton_quant`` (``fp8_quantize_per_token``): one program per token (per-token scales), or per token and run of
   1xG groups. Bit-exact with the reference: IEEE divisions (``tl.math.div_rn``; ``/`` on fp32 is approximate on
-  NVIDIA) and rounding to the FP8 grid done in fp32 arithmetic (:func:`_round_to_fp8_grid`), so no backend conversion
-  rule (nor the interpreter's, which carries wrongly) is involved: the final cast only re-encodes an exact value.
+  NVIDIA) and rounding to the FP8 grid done in fp32 arithmetic (``fp8_grid.round_to_fp8_grid``), so no backend
+  conversion rule is involved (see that module): the final cast only re-encodes an exact value.
 
 Nothing here syncs with the host: shapes pick configurations, values never do (CUDA-graph capturable).
 """
@@ -34,6 +34,7 @@ from engine.core.ops.fp8 import BLOCK_K as SCALE_BLOCK
 from engine.core.ops.fp8 import FP8_DTYPES, fp8_linear
 from engine.core.ops.fp8_quant import X_DTYPES, fp8_quantize_per_token, scale_shape
 from engine.platforms.triton_kernels import interpreting
+from engine.platforms.triton_kernels.fp8_grid import fp8_grid_params, round_to_fp8_grid
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PRIORITY = 10  # the Triton kernels: above the reference
@@ -417,29 +418,16 @@ LOOP_BLOCK = 2048  # chunk of the two-pass loop over a long row
 
 
 @triton.jit
-def _round_to_fp8_grid(v, EMIN: tl.constexpr):
-    """fp32 ``v`` (|v| <= fp8 max) rounded to the nearest e4m3 value, ties to even, as an exact fp32: the grid step
-    is 2**(e - 3) for |v| in [2**e, 2**(e+1)), e >= EMIN (2**(EMIN-3) below: subnormals); adding and removing
-    1.5 * 2**(e + 20) (built from its bits: no product for FP fusion to fold into an FMA) makes the fp32 adder round
-    at that step, to nearest even. The sign is put back, so that what rounds to zero stays -0 where v < 0."""
-    bits = v.to(tl.int32, bitcast=True)
-    e = tl.maximum(((bits >> 23) & 0xFF) - 127, EMIN)
-    big = (((e + 20 + 127) << 23) | 0x400000).to(tl.float32, bitcast=True)
-    r = (v + big) - big
-    return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _quantize_values(x, s, QMAX: tl.constexpr, EMIN: tl.constexpr):
+def _quantize_values(x, s, QMAX: tl.constexpr, EMIN: tl.constexpr, NEG_ZERO: tl.constexpr):
     q = tl.math.div_rn(x, s)
     q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
-    return _round_to_fp8_grid(q, EMIN)
+    return round_to_fp8_grid(q, EMIN, NEG_ZERO)
 
 
 @triton.jit
 def _quant_groups_kernel(x_ptr, q_ptr, s_ptr, K, NG, s_xm, s_xk, s_qm, s_sm,
                          GROUP: tl.constexpr, GPB: tl.constexpr, BLOCK_G: tl.constexpr,
-                         QMAX: tl.constexpr, EMIN: tl.constexpr):
+                         QMAX: tl.constexpr, EMIN: tl.constexpr, NEG_ZERO: tl.constexpr):
     """Program (row, j) quantizes groups [j*GPB, (j+1)*GPB) of one row; a group is GROUP wide (the whole row for
     per-token scales). Tile [GPB, BLOCK_G]; one amax per tile row."""
     row = tl.program_id(0).to(tl.int64)
@@ -450,14 +438,14 @@ def _quant_groups_kernel(x_ptr, q_ptr, s_ptr, K, NG, s_xm, s_xk, s_qm, s_sm,
     x = tl.load(x_ptr + row * s_xm + cols * s_xk, mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     s = tl.math.div_rn(tl.maximum(amax, 1e-12), QMAX)
-    q = _quantize_values(x, s[:, None], QMAX, EMIN)
+    q = _quantize_values(x, s[:, None], QMAX, EMIN, NEG_ZERO)
     tl.store(q_ptr + row * s_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * s_sm + g, s, mask=g < NG)
 
 
 @triton.jit
 def _quant_row_loop_kernel(x_ptr, q_ptr, s_ptr, K, s_xm, s_xk, s_qm,
-                           BLOCK: tl.constexpr, QMAX: tl.constexpr, EMIN: tl.constexpr):
+                           BLOCK: tl.constexpr, QMAX: tl.constexpr, EMIN: tl.constexpr, NEG_ZERO: tl.constexpr):
     """One program per long row: pass 1 finds amax, pass 2 quantizes (the row comes from L2 the second time)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -470,15 +458,9 @@ def _quant_row_loop_kernel(x_ptr, q_ptr, s_ptr, K, s_xm, s_xk, s_qm,
     for k0 in range(0, K, BLOCK):
         m = k0 + offs < K
         x = tl.load(xrow + (k0 + offs) * s_xk, mask=m, other=0.0).to(tl.float32)
-        q = _quantize_values(x, s, QMAX, EMIN)
+        q = _quantize_values(x, s, QMAX, EMIN, NEG_ZERO)
         tl.store(q_ptr + row * s_qm + k0 + offs, q.to(q_ptr.dtype.element_ty), mask=m)
     tl.store(s_ptr + row, s)
-
-
-def _fp8_params(fp8: torch.dtype) -> tuple[float, int]:
-    """(largest finite value, exponent of the smallest normal): e4m3fn 448, 2**-6; e4m3fnuz 240, 2**-7."""
-    fi = torch.finfo(fp8)
-    return float(fi.max), int(math.log2(fi.tiny))
 
 
 def triton_fp8_quantize(x: torch.Tensor, fp8_dtype: str, group_size: int):
@@ -488,11 +470,11 @@ def triton_fp8_quantize(x: torch.Tensor, fp8_dtype: str, group_size: int):
     s = torch.empty(scale_shape(m, k, group_size), dtype=torch.float32, device=x.device)
     if m == 0 or k == 0:
         return q, s.fill_(1e-12 / torch.finfo(fp8).max) if s.numel() else s
-    qmax, emin = _fp8_params(fp8)
+    qmax, grid = float(torch.finfo(fp8).max), fp8_grid_params(fp8)
     group = group_size or k
     if group_size == 0 and k > ROW_BLOCK_MAX:
         _quant_row_loop_kernel[(m,)](x, q, s, k, x.stride(0), x.stride(1), q.stride(0),
-                                     BLOCK=LOOP_BLOCK, QMAX=qmax, EMIN=emin, num_warps=8)
+                                     BLOCK=LOOP_BLOCK, QMAX=qmax, **grid, num_warps=8)
         return q, s
     block_g = triton.next_power_of_2(group)
     ng = s.shape[1]
@@ -500,7 +482,7 @@ def triton_fp8_quantize(x: torch.Tensor, fp8_dtype: str, group_size: int):
     warps = 4 if gpb * block_g <= 2048 else 8
     _quant_groups_kernel[(m, triton.cdiv(ng, gpb))](
         x, q, s, k, ng, x.stride(0), x.stride(1), q.stride(0), s.stride(0),
-        GROUP=group, GPB=gpb, BLOCK_G=block_g, QMAX=qmax, EMIN=emin, num_warps=warps)
+        GROUP=group, GPB=gpb, BLOCK_G=block_g, QMAX=qmax, **grid, num_warps=warps)
     return q, s
 
 

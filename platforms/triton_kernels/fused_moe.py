@@ -34,7 +34,8 @@ Under the Triton interpreter (CI on CPU) 16-bit and FP8 tiles are upcast to fp32
 returns garbage, FACTS.md); on a GPU they go to the tensor cores as they are, and fp32 inputs use
 ``input_precision="ieee"``. The interpreter's fp32 -> bf16 cast truncates and its fp32 -> fp8 cast loses the carry
 when the mantissa rounds up (124.3 -> 64 in e4m3): under it the kernels round to nearest-even themselves first
-(``_round_bf16``, ``_round_fp8``), so CI sees the GPU's roundings.
+(``_round_bf16``, ``fp8_grid.round_to_fp8_grid``), so CI sees the GPU's roundings. e4m3fnuz is always rounded first:
+it has no -0, and the rounding gives +0 where a backend's cast might give the NaN code.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from engine.core.ops.moe import fused_moe, kernel_shape_problem
 from engine.core.ops.moe_fp8 import fused_moe_fp8, is_block_scale
 
 from . import interpreting, sm_count
+from .fp8_grid import fp8_grid_params, round_to_fp8_grid
 
 PRIORITY = 10
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -60,7 +62,6 @@ _MAX_TOP_K = 64
 _INTERPRETER_SMS = 4  # a stand-in SM count under the interpreter (no device to ask)
 _MIN_AMAX = 1e-12  # as core/ops/fp8.py
 BLOCK_SCALE_K = 128  # the K width of a block scale (core/ops/moe_fp8.py)
-_FP8_EMIN = {torch.float8_e4m3fn: -6, torch.float8_e4m3fnuz: -7}  # exponent of the smallest normal
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -148,18 +149,6 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, num_pai
 
 
 @triton.jit
-def _round_fp8(v, EMIN: tl.constexpr):
-    """``v`` (|v| <= fp8 max) rounded to nearest-even on the e4m3 grid (3 mantissa bits, smallest normal
-    exponent EMIN), still in fp32. The interpreter's own fp32 -> fp8 cast drops the carry when the mantissa
-    rounds up to the next power of two (124.3 becomes 64): under it, values are rounded here and the cast is exact."""
-    a = tl.abs(v)
-    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, EMIN)
-    ulp = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    r = ((a / ulp + 8388608.0) - 8388608.0) * ulp  # fp32 addition of 2**23 rounds to an integer, ties to even
-    return tl.where(v < 0, -r, r)
-
-
-@triton.jit
 def _round_bf16(v):
     """fp32 ``v`` rounded to nearest-even on the bf16 grid, still in fp32. The interpreter's fp32 -> bf16 cast
     truncates; under it, values are rounded here first and the cast is exact (GPUs round to nearest-even)."""
@@ -170,7 +159,7 @@ def _round_bf16(v):
 
 @triton.jit
 def _quant_rows_kernel(src_ptr, dst_ptr, scale_ptr, N, stride_r, stride_c, qmax, min_amax,
-                       BLOCK: tl.constexpr, ROUND_FIRST: tl.constexpr, EMIN: tl.constexpr):
+                       BLOCK: tl.constexpr, ROUND_FIRST: tl.constexpr, EMIN: tl.constexpr, NEG_ZERO: tl.constexpr):
     """Row r of src -> FP8 with scale max(amax, min_amax) / qmax (one program per row; the second pass reads the
     row from L2). Bit for bit :func:`engine.core.ops.fp8.quantize_fp8` with granularity "token"."""
     row = tl.program_id(0).to(tl.int64)
@@ -187,7 +176,7 @@ def _quant_rows_kernel(src_ptr, dst_ptr, scale_ptr, N, stride_r, stride_c, qmax,
         v = tl.load(src + offs * stride_c, mask=offs < N, other=0.0).to(tl.float32)
         q = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -qmax), qmax)
         if ROUND_FIRST:
-            q = _round_fp8(q, EMIN)
+            q = round_to_fp8_grid(q, EMIN, NEG_ZERO)
         tl.store(dst_ptr + row * N + offs, q.to(dst_ptr.dtype.element_ty), mask=offs < N)
     tl.store(scale_ptr + row, scale)
 
@@ -466,7 +455,8 @@ def _quantize_rows(a: torch.Tensor, fp8_dtype: torch.dtype):
     if rows:
         block = min(1024, max(16, _pow2(n)))
         _quant_rows_kernel[(rows,)](a, q, scale, n, a.stride(0), a.stride(1), fp8_max(fp8_dtype), _MIN_AMAX,
-                                    BLOCK=block, ROUND_FIRST=interpreting(), EMIN=_FP8_EMIN[fp8_dtype], num_warps=4)
+                                    BLOCK=block, ROUND_FIRST=interpreting() or fp8_dtype == torch.float8_e4m3fnuz,
+                                    **fp8_grid_params(fp8_dtype), num_warps=4)
     return q, scale
 
 
