@@ -63,6 +63,14 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@pytest.fixture
+def seed() -> int:
+    """A fresh seed each run for the conformance checks (printed, so pytest shows it when a test fails)."""
+    s = random.SystemRandom().randrange(2**32)
+    print(f"seed {s}")
+    return s
+
+
 @pytest.fixture(scope="session")
 def default_model() -> str:
     """The built-in default model's path. Every test that loads it (``LLM()`` or ``load_checkpoint()`` without a

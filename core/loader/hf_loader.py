@@ -50,9 +50,6 @@ def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dty
     weights = scheme.pack(weights, model_dir)
     quantized = {n: w for n, w in weights.items() if isinstance(w, (Fp8Weight, Nvfp4Weight, QuantizedWeight))}
     experts = [n for n in quantized if ".experts." in n]
-    if any(isinstance(quantized[n], QuantizedWeight) for n in experts):
-        raise ModelLoadError(f"{model_dir}: INT4 MoE experts ({experts[0]}, ...) are not read from checkpoints "
-                             "yet (issue 27); use the unquantized checkpoint or a GGUF file")
     _expand_experts(weights, quantized, experts, dtype, model_dir)
     if "model.embed_tokens.weight" in quantized:
         raise ModelLoadError(f"{model_dir}: a quantized embedding table is not supported")
@@ -63,8 +60,11 @@ def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dty
 
 
 def _expand_reason(w) -> str | None:
-    """Why an expert matrix cannot stay quantized (None if fused_moe_fp8 takes it: per-tensor or per-channel FP8
-    scales with dynamic per-token activations, or whole 128x128 blocks with dynamic 1x128 activation groups)."""
+    """Why an expert matrix cannot stay quantized (None if a MoE op takes it: fused_moe_gguf INT4 experts repacked
+    to GGUF blocks; fused_moe_fp8 per-tensor or per-channel FP8 scales with dynamic per-token activations, or whole
+    128x128 blocks with dynamic 1x128 activation groups)."""
+    if isinstance(w, QuantizedWeight):
+        return None
     if isinstance(w, Nvfp4Weight):
         return "NVFP4"
     if w.granularity == "block":

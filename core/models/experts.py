@@ -1,5 +1,7 @@
-"""A MoE layer's routed experts as one stacked set of weights, run by ``fused_moe`` or, for experts kept in FP8 (W8A8
-checkpoints with per-tensor or per-channel weight scales and dynamic per-token activations), ``fused_moe_fp8``."""
+"""A MoE layer's routed experts as one stacked set of weights, run by ``fused_moe``; by ``fused_moe_fp8`` for experts
+kept in FP8 (W8A8 checkpoints with per-tensor or per-channel weight scales and dynamic per-token activations, or
+128x128 blocks); by ``fused_moe_gguf`` for experts kept as GGUF blocks (INT4 GPTQ / AWQ / compressed-tensors
+checkpoints, repacked to Q4_0 / Q4_1 at load)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ import torch
 from engine.core.ops.fp8 import BLOCK_K
 from engine.core.ops.moe import fused_moe
 from engine.core.ops.moe_fp8 import fused_moe_fp8
+from engine.core.ops.moe_gguf import fused_moe_gguf
 from engine.core.ops.registry import CallSite
 
-from .weights import Fp8Weight, Weight
+from .weights import Fp8Weight, QuantizedWeight, Weight
 
 
 def _block_scales(w: Fp8Weight) -> torch.Tensor:
@@ -28,7 +31,10 @@ class Experts:
     def __init__(self, experts: list[list[Weight]]):
         flat = [t for ex in experts for t in ex]
         self.fp8 = all(isinstance(t, Fp8Weight) for t in flat)
-        if self.fp8:
+        self.gguf = all(isinstance(t, QuantizedWeight) for t in flat)
+        if self.gguf:
+            self._stack_gguf(experts)
+        elif self.fp8:
             blocks = all(t.granularity == "block" and t.act_group == BLOCK_K and t.input_scale is None
                          and not any(d % BLOCK_K for d in t.shape) for t in flat)
             if not blocks and any(t.granularity == "block" or t.input_scale is not None or t.act_group for t in flat):
@@ -51,11 +57,27 @@ class Experts:
             raise ValueError(f"MoE experts of these weight kinds are not supported: {kinds}; load the model with "
                              "dequantize=True")
 
+    def _stack_gguf(self, experts: list[list[QuantizedWeight]]) -> None:
+        """w13 [E, 2I, row bytes] (gate rows then up rows) and w2 [E, hidden, row bytes], each of one GGUF type."""
+        types13 = {t.qtype for g, u, _ in experts for t in (g, u)}
+        types2 = {d.qtype for _, _, d in experts}
+        if len(types13) != 1 or len(types2) != 1:
+            raise ValueError(f"GGUF experts need one type for every gate and up projection and one for every down "
+                             f"projection, got {sorted(types13)} and {sorted(types2)}; load the model with "
+                             "dequantize=True")
+        self.w13_qtype, self.w2_qtype = types13.pop(), types2.pop()
+        self.w13 = torch.stack([torch.cat([g.raw, u.raw]) for g, u, _ in experts])
+        self.w2 = torch.stack([d.raw for _, _, d in experts])
+        self.site = CallSite(fused_moe_gguf)
+
     @property
     def num_experts(self) -> int:
         return self.w13.shape[0]
 
     def __call__(self, key, x: torch.Tensor, router_logits: torch.Tensor, top_k: int, renormalize: bool):
+        if self.gguf:
+            return self.site(key, x, self.w13, self.w13_qtype, self.w2, self.w2_qtype, router_logits, top_k,
+                             renormalize)
         if self.fp8:
             return self.site(key, x, self.w13, self.w13_scale, self.w2, self.w2_scale, router_logits, top_k,
                              renormalize)

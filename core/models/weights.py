@@ -98,8 +98,9 @@ def weight_bytes(w: Weight) -> int:
 
 
 def dense_weight(w: Weight, dtype: torch.dtype) -> torch.Tensor:
-    """The weight as a plain [rows, cols] tensor of ``dtype`` (FP8 weights dequantized with their scales), for the
-    few places that transform a weight rather than multiply by it (MLA's absorbed up-projections)."""
+    """The weight as a plain [rows, cols] tensor of ``dtype`` (quantized weights dequantized with their scales, by
+    the ops' references), for the few places that transform a weight rather than multiply by it (MLA's absorbed
+    up-projections)."""
     if isinstance(w, Fp8Weight):
         scale = w.scale.float()
         if w.granularity == "block":
@@ -112,6 +113,7 @@ def dense_weight(w: Weight, dtype: torch.dtype) -> torch.Tensor:
         scale = w.block_scale.float().repeat_interleave(16, dim=1) / w.global_scale.float().reshape(())
         return (e2m1_decode(unpack(w.packed)) * scale).to(dtype)
     if isinstance(w, QuantizedWeight):
-        raise ValueError("a GGUF-quantized weight cannot be used where a plain matrix is needed (MLA's kv_b_proj); "
-                         "load the model with dequantize=True")
+        from engine.core.ops.gguf_quant import gguf_dequantize
+
+        return gguf_dequantize.reference(w.raw, w.qtype, w.cols, dtype)
     return w.to(dtype)

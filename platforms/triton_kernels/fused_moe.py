@@ -48,11 +48,13 @@ import triton
 import triton.language as tl
 
 from engine.core.ops.fp8 import fp8_max
+from engine.core.ops.gguf_quant import ALL_QTYPES
 from engine.core.ops.moe import fused_moe, kernel_shape_problem
 from engine.core.ops.moe_fp8 import fused_moe_fp8, is_block_scale
 
 from . import interpreting, sm_count
 from .fp8_grid import fp8_grid_params, round_to_fp8_grid
+from .gguf_values import gguf_values
 
 PRIORITY = 10
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -196,6 +198,8 @@ def _moe_gemm_kernel(
     BLOCK_SCALE: tl.constexpr,  # FP8 with 1x128 A groups and 128x128 B blocks (BLOCK_K = 128): scale each K tile
     UPCAST: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ROUND_BF16: tl.constexpr,  # interpreter, bf16 output: round to nearest-even before the (truncating) cast
+    B_QTYPE: tl.constexpr,  # 0: B holds values; else B holds raw GGUF rows of this type (stride_bn: row bytes)
+    B_BYTES: tl.constexpr,  # GGUF: bytes per block (super-block for K-quants)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     OUT_N: tl.constexpr,  # output columns per program: BLOCK_N // 2 when GATED, else BLOCK_N
 ):
@@ -235,15 +239,23 @@ def _moe_gemm_kernel(
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + (kt_start * BLOCK_K + offs_k)[None, :] * stride_ak
     b_ptrs = (b_ptr + expert * stride_be + b_rows[None, :] * stride_bn
               + (kt_start * BLOCK_K + offs_k)[:, None] * stride_bk)
+    b_rows_ptr = b_ptr + expert * stride_be + b_rows[None, :] * stride_bn  # GGUF: each row's first byte
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(kt_start, kt_end):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-            b = tl.load(b_ptrs)
+            if B_QTYPE == 0:
+                b = tl.load(b_ptrs)
         else:
             k_left = K - kt * BLOCK_K
             a = tl.load(a_ptrs, mask=row_ok[:, None] & (offs_k[None, :] < k_left), other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            if B_QTYPE == 0:
+                b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if B_QTYPE != 0:  # decoded in fp32; rounded to A's dtype for the tensor cores (the interpreter upcasts)
+            b = gguf_values(b_rows_ptr, (offs_k < K - kt * BLOCK_K)[:, None], (kt * BLOCK_K + offs_k)[:, None],
+                            kt * BLOCK_K, B_QTYPE, B_BYTES)
+            if not UPCAST:
+                b = b.to(a.dtype)
         if BLOCK_SCALE:  # this K tile's group scales (A row, B block row) on its partial product, then fp32
             a_s = tl.load(a_scale_ptr + a_rows * stride_asm + kt, mask=row_ok, other=0.0)
             b_s = tl.load(b_scale_ptr + expert * stride_bse + (b_rows // 128) * stride_bsn + kt * stride_bsk)
@@ -468,6 +480,11 @@ def _quantize_groups(a: torch.Tensor, fp8_dtype: torch.dtype):
     return q.view(rows, k), s.view(rows, k // BLOCK_SCALE_K)
 
 
+def _b_format(qtype: int) -> dict:
+    """The GEMM kernel's B_QTYPE / B_BYTES for weights of GGUF type ``qtype`` (0: plain values)."""
+    return {"B_QTYPE": qtype, "B_BYTES": ALL_QTYPES[qtype][2] if qtype else 0}
+
+
 def _scale_strides(scale: torch.Tensor, block: bool = False) -> tuple[int, int, int]:
     """(expert, channel, K-block) strides of a [E] / [E, 1, 1] (channel stride 0), [E, N, 1] or, ``block``,
     [E, N/128, K/128] scale."""
@@ -478,8 +495,10 @@ def _scale_strides(scale: torch.Tensor, block: bool = False) -> tuple[int, int, 
     return scale.stride(0), scale.stride(1), 0
 
 
-def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w2_scale=None,
-             config: MoeConfig | None = None):
+def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w2_scale=None, w13_qtype=0,
+             w2_qtype=0, config: MoeConfig | None = None):
+    """fused_moe (values in w13 / w2), fused_moe_fp8 (with their scales) or fused_moe_gguf (raw GGUF rows of the
+    two qtypes)."""
     tokens, hidden = x.shape
     experts, two_i, _ = w13.shape
     inter = two_i // 2
@@ -513,12 +532,12 @@ def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w
         lambda g: (num_pid_m * triton.cdiv(inter, g.BLOCK_N // 2), 1),
         (a1, w13, h, a1_scale, w13_scale if fp8 else topk_w, topk_w, sorted_ids, block_expert, num_padded,
          inter, hidden, pairs, max_padded,
-         a1.stride(0), a1.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
+         a1.stride(0), a1.stride(1), w13.stride(0), w13.stride(1), 0 if w13_qtype else w13.stride(2),
          0, h.stride(0), h.stride(1), s13e, s13n, s13k, a1_scale.stride(0) if block else 1),
         dict(A_ROW_DIV=top_k, GATED=True, MUL_WEIGHT=False, FP8=fp8, FAST_ACCUM=cfg.fp8_fast_accum, UPCAST=upcast,
              BLOCK_SCALE=block,
              IEEE=ieee,
-             EVEN_K=hidden % g1.BLOCK_K == 0, SPLIT_K=1, ROUND_BF16=round_bf16),
+             EVEN_K=hidden % g1.BLOCK_K == 0, SPLIT_K=1, ROUND_BF16=round_bf16, **_b_format(w13_qtype)),
         bm, g1)
 
     # GEMM 2 x routing weight: y [split, pairs, hidden] fp32, or straight into out
@@ -536,12 +555,12 @@ def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w
         lambda g: (num_pid_m * triton.cdiv(hidden, g.BLOCK_N), split),
         (a2, w2, y, a2_scale, w2_scale if fp8 else topk_w, topk_w, sorted_ids, block_expert, num_padded,
          hidden, inter, pairs, max_padded,
-         a2.stride(0), a2.stride(1), w2.stride(0), w2.stride(1), w2.stride(2),
+         a2.stride(0), a2.stride(1), w2.stride(0), w2.stride(1), 0 if w2_qtype else w2.stride(2),
          stride_ys, y.stride(-2), y.stride(-1), s2e, s2n, s2k, a2_scale.stride(0) if block else 1),
         dict(A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True, FP8=fp8, FAST_ACCUM=cfg.fp8_fast_accum, UPCAST=upcast,
              BLOCK_SCALE=block,
              IEEE=ieee,
-             EVEN_K=inter % g2.BLOCK_K == 0, SPLIT_K=split, ROUND_BF16=round_bf16 and direct),
+             EVEN_K=inter % g2.BLOCK_K == 0, SPLIT_K=split, ROUND_BF16=round_bf16 and direct, **_b_format(w2_qtype)),
         bm, g2)
 
     if not direct:

@@ -21,7 +21,8 @@ import triton.language as tl
 from engine.core.ops.gguf_kquants import K_QTYPES, QK_K
 from engine.core.ops.gguf_quant import gguf_dequantize, gguf_linear
 from engine.platforms.triton_kernels import interpreting
-from engine.platforms.triton_kernels.gguf_linear import _f16_at, _round_to, supports_dequantize, supports_linear
+from engine.platforms.triton_kernels.gguf_linear import _round_to, supports_dequantize, supports_linear
+from engine.platforms.triton_kernels.gguf_values import kquant_values
 
 PRIORITY = 10
 BLOCK_N = 32
@@ -31,34 +32,7 @@ DEQUANT_BLOCK_N = 16
 @triton.jit
 def _kquant_tile(rows_ptr, rmask, sb, QTYPE: tl.constexpr, BYTES: tl.constexpr):
     """fp32 values [BLOCK_N, 256] of super-block ``sb`` of the rows starting at ``rows_ptr`` [BLOCK_N, 1]."""
-    e = tl.arange(0, 256)[None, :]
-    base = rows_ptr + sb * BYTES
-    if QTYPE == 14:  # Q6_K
-        h = e // 128
-        s = (e % 128) // 32
-        i = e % 32
-        ql = tl.load(base + 64 * h + 32 * (s % 2) + i, mask=rmask, other=0).to(tl.int32)
-        qh = tl.load(base + 128 + 32 * h + i, mask=rmask, other=0).to(tl.int32)
-        q = ((ql >> (4 * (s // 2))) & 15) | (((qh >> (2 * s)) & 3) << 4)
-        sc = tl.load(base + 192 + e // 16, mask=rmask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
-        d = _f16_at(base + 208, rmask)
-        return (d * sc) * (q - 32).to(tl.float32)
-    else:  # Q4_K, Q5_K
-        j = e // 32
-        i = e % 32
-        QS: tl.constexpr = 48 if QTYPE == 13 else 16
-        q = (tl.load(base + QS + 32 * (e // 64) + i, mask=rmask, other=0).to(tl.int32) >> (4 * (j % 2))) & 15
-        if QTYPE == 13:
-            q = q | (((tl.load(base + 16 + i, mask=rmask, other=0).to(tl.int32) >> j) & 1) << 4)
-        lo = j < 4
-        b_j = tl.load(base + 4 + tl.where(lo, j, j + 4), mask=rmask, other=0).to(tl.int32)
-        b_m = tl.load(base + 4 + tl.where(lo, j + 4, j - 4), mask=rmask, other=0).to(tl.int32)
-        b_x = tl.load(base + 4 + j, mask=rmask, other=0).to(tl.int32)
-        sc = tl.where(lo, b_j & 63, (b_j & 15) | ((b_m >> 6) << 4)).to(tl.float32)
-        mn = tl.where(lo, b_m & 63, (b_j >> 4) | ((b_x >> 6) << 4)).to(tl.float32)
-        d = _f16_at(base, rmask)
-        dmin = _f16_at(base + 2, rmask)
-        return (d * sc) * q.to(tl.float32) - dmin * mn
+    return kquant_values(rows_ptr, rmask, sb, tl.arange(0, 256)[None, :], QTYPE, BYTES)
 
 
 @triton.jit

@@ -33,6 +33,7 @@ from engine.core.ops.gguf_quant import (
     gguf_linear,
 )
 from engine.platforms.triton_kernels import interpreting, sm_count
+from engine.platforms.triton_kernels.gguf_values import f16_at as _f16_at
 from engine.platforms.triton_kernels.nvfp4 import gemv_plan as nvfp4_gemv_plan
 from engine.platforms.triton_kernels.nvfp4 import splitk_reduce
 
@@ -58,14 +59,6 @@ DEQUANT_BLOCK_B = 16
 PROGRAMS_PER_SM = 8  # split K when N / BLOCK_N programs would give fewer per SM: 4096 x 14336 Q4_0 ran 512
 # programs of 3.5 steps (~1.3 waves at ~3 resident per SM) at 18% of the copy bandwidth; 2 splits -> 1024
 INTERPRETER_SMS = 4  # a small fake SM count under the interpreter, so the split-K path runs in CI
-
-
-@triton.jit
-def _f16_at(p, mask):
-    """fp32 value of the little-endian fp16 at byte pointers ``p`` (any alignment)."""
-    lo = tl.load(p, mask=mask, other=0).to(tl.uint16)
-    hi = tl.load(p + 1, mask=mask, other=0).to(tl.uint16)
-    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit

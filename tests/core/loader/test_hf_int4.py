@@ -91,16 +91,32 @@ def checkpoint(request, tmp_path):
 
 def write_checkpoint(layout: str, tmp_path):
     """The layout's checkpoint in tmp_path; returns transformers' model on the dequantized weights."""
-    method, group, sym, fmt = LAYOUTS[layout]
     hf, tensors = random_llama(tmp_path)
-    for name in [n for n in tensors if n.endswith(".weight") and n.split(".")[-2] in LINEARS]:
+    names = [n for n in tensors if n.endswith(".weight") and n.split(".")[-2] in LINEARS]
+    for name, w in quantize_into(tensors, names, layout).items():
+        hf.get_submodule(name.removesuffix(".weight")).weight.data = w
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    add_quantization_config(tmp_path, layout)
+    return hf
+
+
+def quantize_into(tensors: dict, names: list[str], layout: str) -> dict:
+    """Replace each named weight in ``tensors`` by the layout's packed tensors; returns {name: dequantized weight}."""
+    method, group, sym, fmt = LAYOUTS[layout]
+    dequantized = {}
+    for name in names:
         w = tensors.pop(name).float()
         q, z, s = quantize(w, group, sym)
         if method == "compressed-tensors":  # its scales are written in bf16
             s = s.to(torch.bfloat16).to(torch.float16)
         write(tensors, name.removesuffix("weight"), method, q, z, s, fmt, w.shape[1] if group == -1 else group)
-        hf.get_submodule(name.removesuffix(".weight")).weight.data = dequantize(q, z, s, group)
-    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+        dequantized[name] = dequantize(q, z, s, group)
+    return dequantized
+
+
+def add_quantization_config(path, layout: str) -> None:
+    """The layout's ``quantization_config``, as its quantizer writes it, added to path/config.json."""
+    method, group, sym, fmt = LAYOUTS[layout]
     qc = {"gptq": {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym, "desc_act": False,
                    "checkpoint_format": fmt},
           "awq": {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"},
@@ -110,9 +126,8 @@ def write_checkpoint(layout: str, tmp_path):
                                          "num_bits": 4, "type": "int", "symmetric": True,
                                          "strategy": "channel" if group == -1 else "group",
                                          "group_size": None if group == -1 else group}}}}}[method]
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
-    return hf
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
 
 
 def test_int4_checkpoints_run_as_gguf_blocks_and_match_transformers(checkpoint):

@@ -73,8 +73,3 @@ def pytest_runtest_call(item):
                     f"Triton 3.9 (with torch 2.13) can")
 
 
-@pytest.fixture
-def seed() -> int:
-    s = int.from_bytes(os.urandom(4), "little")
-    print(f"seed {s}")
-    return s

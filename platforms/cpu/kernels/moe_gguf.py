@@ -1,0 +1,68 @@
+"""``fused_moe_gguf`` on the CPU: the tokens grouped by expert, then each expert's two GEMMs on the native GGUF
+kernels, straight from its blocks (nothing dequantized to memory).
+
+Each expert's ``w13[e]`` / ``w2[e]`` is a plain [rows, row bytes] GGUF matrix, so its GEMMs go to whichever native
+``gguf_linear`` and ``silu_and_mul`` the same registry picks for that many tokens (the M = 1 GEMV at decode, the
+packed or Q8-activation GEMMs above it), chosen once per shape and kept, as a model layer's call sites do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.ops.activation import silu_and_mul
+from engine.core.ops.gguf_quant import gguf_linear
+from engine.core.ops.moe import expert_groups
+from engine.core.ops.moe_gguf import fused_moe_gguf, moe_gguf_problem
+
+from ._common import DTYPE_CODE, PRIORITY
+
+
+class _Chooser:
+    """The implementation ``registry`` selects for an op's arguments, kept per key (the arguments' shape and types)
+    and chosen again once kernels are registered since."""
+
+    def __init__(self, registry):
+        self.registry, self.epoch, self.fns = registry, -1, {}
+
+    def __call__(self, op, key, *args):
+        if self.registry.epoch != self.epoch:
+            self.epoch, self.fns = self.registry.epoch, {}
+        fn = self.fns.get((op.name, key))
+        if fn is None:
+            fn = self.fns[(op.name, key)] = self.registry.select(op, args).fn
+        return fn(*args)
+
+
+def _supports(x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k, renormalize):
+    problem = moe_gguf_problem(x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k)
+    if problem:
+        return problem
+    if any(t.device.type != "cpu" for t in (x, w13, w2, router_logits)):
+        return "x, w13, w2 and router_logits must be cpu tensors"
+    if x.dtype not in DTYPE_CODE:
+        return f"x dtype {x.dtype}: the native GGUF kernels take fp32 or bf16"
+    return True
+
+
+def _fused_moe_gguf(call: _Chooser, x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k, renormalize):
+    tokens, hidden = x.shape
+    inter = w13.shape[1] // 2
+    w13, w2 = w13.contiguous(), w2.contiguous()  # expert slices must be dense [rows, row bytes] matrices
+    out = torch.zeros((tokens, hidden), dtype=torch.float32)
+    for e, rows, weight in expert_groups(router_logits, top_k, renormalize, w13.shape[0]):
+        xe = x[rows]
+        n = len(rows)
+        gate_up = call(gguf_linear, (n, w13_qtype, 2 * inter, hidden, x.dtype), xe, w13[e], w13_qtype, hidden)
+        h = call(silu_and_mul, (n, inter, x.dtype), gate_up)
+        y = call(gguf_linear, (n, w2_qtype, hidden, inter, x.dtype), h, w2[e], w2_qtype, inter)
+        out.index_add_(0, rows, y.float() * weight)  # a token meets each expert at most once
+    return out.to(x.dtype)
+
+
+def register(registry) -> None:
+    call = _Chooser(registry)
+    registry.register(fused_moe_gguf, lambda *args: _fused_moe_gguf(call, *args), name="native_per_expert",
+                      supports=_supports,
+                      priority=PRIORITY, note="tokens grouped by expert; each expert's GEMMs on the native GGUF "
+                      "kernels, from its blocks")

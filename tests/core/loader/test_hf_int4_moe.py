@@ -1,0 +1,68 @@
+"""INT4 MoE checkpoints (Qwen3-MoE and DeepSeek-V3, every projection quantized: experts, shared experts, attention),
+packed in the test as GPTQ, AWQ and compressed-tensors write them: the experts stay 4-bit, repacked to GGUF blocks and
+run by fused_moe_gguf, and the logits match transformers' forward pass on the dequantized weights."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine import LLM
+from engine.core.models.weights import QuantizedWeight
+from engine.core.ops import OPS
+from engine.core.ops.gguf_quant import Q4_0, Q4_1
+from tests.core.loader.test_hf_fp8_moe import MODELS, load_dequantized
+from tests.core.loader.test_hf_int4 import LAYOUTS, add_quantization_config, quantize_into
+from tests.core.models.test_tiny_random_vs_hf import VOCAB, _save_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+# DeepSeek's low-rank projections have 64 and 96 input columns: groups of 32 (or whole rows) divide them
+CHECKPOINTS = [("qwen3_moe", "gptq_sym_g128"), ("qwen3_moe", "awq_g32"), ("qwen3_moe", "ct_w4a16_channel"),
+               ("deepseek_v3", "gptq_asym_g32"), ("deepseek_v3", "gptq_sym_channel")]
+
+
+def build(tmp_path, model: str, layout: str):
+    cfg_cls, model_cls, extra = MODELS[model]
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    cfg = getattr(transformers, cfg_cls)(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=4, max_position_embeddings=256, rms_norm_eps=1e-6,
+                                         tie_word_embeddings=False, **extra)
+    hf = getattr(transformers, model_cls)(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    _save_tokenizer(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    dequantized = quantize_into(tensors, [n for n in tensors if n.endswith("_proj.weight")], layout)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    add_quantization_config(tmp_path, layout)
+    load_dequantized(hf, dequantized)
+    return hf
+
+
+@pytest.mark.parametrize("model, layout", CHECKPOINTS)
+def test_int4_moe_checkpoints_keep_their_experts_quantized_and_match_transformers(tmp_path, model, layout, caplog):
+    hf = build(tmp_path, model, layout)
+    with caplog.at_level("INFO", logger="engine"):
+        llm = LLM(str(tmp_path), dtype="float32", num_kv_blocks=32, block_size=16)
+    assert "expanded" not in caplog.text, caplog.text
+    experts = llm.model.layers[1].mlp.experts
+    qtype = Q4_0 if LAYOUTS[layout][2] else Q4_1
+    assert experts.gguf and experts.w13_qtype == experts.w2_qtype == qtype
+    assert experts.w13.dtype == torch.uint8 and experts.w13.shape[:2] == (4, 512) and experts.w2.shape[:2] == (4, 256)
+    assert isinstance(llm.model.layers[0].attn.o_proj.w, QuantizedWeight)
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    ids = torch.randint(0, VOCAB, (21,), generator=gen).tolist()
+    ours = llm.prompt_logits(ids).cpu()
+    chosen = list(experts.site.chosen().values())
+    assert chosen and all(fn is not OPS["fused_moe_gguf"].reference for fn in chosen)  # the cpu kernel ran
+    with torch.no_grad():
+        theirs = hf(torch.tensor([ids])).logits[0].float()
+    # symmetric: Q4_0 holds (q - 8) * s exactly; else Q4_1's offset -z * s is rounded to fp16 (as in test_hf_int4),
+    # and a router input moved by that rounding may now and then pick another expert: a small mean, a bounded max
+    err, spread = (ours - theirs).abs(), theirs.std()
+    close = torch.allclose(ours, theirs, atol=2e-3, rtol=2e-3)
+    assert close or (err.mean() < 0.015 * spread and err.max() < 0.15 * spread), (model, layout, err.mean() / spread,
+                                                                                   err.max() / spread)
