@@ -61,12 +61,10 @@ def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dty
 
 def _expand_reason(w) -> str | None:
     """Why an expert matrix cannot stay quantized (None if a MoE op takes it: fused_moe_gguf INT4 experts repacked
-    to GGUF blocks; fused_moe_fp8 per-tensor or per-channel FP8 scales with dynamic per-token activations, or whole
-    128x128 blocks with dynamic 1x128 activation groups)."""
-    if isinstance(w, QuantizedWeight):
+    to GGUF blocks; fused_moe_nvfp4 NVFP4 experts; fused_moe_fp8 per-tensor or per-channel FP8 scales with dynamic
+    per-token activations, or whole 128x128 blocks with dynamic 1x128 activation groups)."""
+    if isinstance(w, (QuantizedWeight, Nvfp4Weight)):
         return None
-    if isinstance(w, Nvfp4Weight):
-        return "NVFP4"
     if w.granularity == "block":
         if w.input_scale is not None or w.act_group != BLOCK_K:
             return "FP8 128x128 weight blocks without 1x128 dynamic activation groups"
@@ -89,6 +87,6 @@ def _expand_experts(weights: dict, quantized: dict, experts: list[str], dtype: t
         weights[n] = dense_weight(quantized.pop(n), dtype)
     log.warning("engine: %s: %d expert matrices (%s) are expanded to %s (%.1f MiB instead of %.1f): no MoE kernel "
                 "takes them yet; per-tensor or per-channel FP8 experts with dynamic activations, and whole 128x128 "
-                "blocks with 1x128 activation groups, stay in FP8",
+                "blocks with 1x128 activation groups, stay in FP8 (as NVFP4 and INT4 experts stay 4-bit)",
                 model_dir, len(reasons), ", ".join(sorted(set(reasons.values()))), str(dtype).removeprefix("torch."),
                 sum(weights[n].nbytes for n in reasons) / 2**20, before / 2**20)

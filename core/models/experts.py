@@ -1,7 +1,7 @@
 """A MoE layer's routed experts as one stacked set of weights, run by ``fused_moe``; by ``fused_moe_fp8`` for experts
 kept in FP8 (W8A8 checkpoints with per-tensor or per-channel weight scales and dynamic per-token activations, or
 128x128 blocks); by ``fused_moe_gguf`` for experts kept as GGUF blocks (INT4 GPTQ / AWQ / compressed-tensors
-checkpoints, repacked to Q4_0 / Q4_1 at load)."""
+checkpoints, repacked to Q4_0 / Q4_1 at load); by ``fused_moe_nvfp4`` for ModelOpt NVFP4 experts (W4A16)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from engine.core.ops.fp8 import BLOCK_K
 from engine.core.ops.moe import fused_moe
 from engine.core.ops.moe_fp8 import fused_moe_fp8
 from engine.core.ops.moe_gguf import fused_moe_gguf
+from engine.core.ops.moe_nvfp4 import fused_moe_nvfp4
 from engine.core.ops.registry import CallSite
 
-from .weights import Fp8Weight, QuantizedWeight, Weight
+from .weights import Fp8Weight, Nvfp4Weight, QuantizedWeight, Weight
 
 
 def _block_scales(w: Fp8Weight) -> torch.Tensor:
@@ -32,8 +33,11 @@ class Experts:
         flat = [t for ex in experts for t in ex]
         self.fp8 = all(isinstance(t, Fp8Weight) for t in flat)
         self.gguf = all(isinstance(t, QuantizedWeight) for t in flat)
+        self.nvfp4 = all(isinstance(t, Nvfp4Weight) for t in flat)
         if self.gguf:
             self._stack_gguf(experts)
+        elif self.nvfp4:
+            self._stack_nvfp4(experts)
         elif self.fp8:
             blocks = all(t.granularity == "block" and t.act_group == BLOCK_K and t.input_scale is None
                          and not any(d % BLOCK_K for d in t.shape) for t in flat)
@@ -70,11 +74,28 @@ class Experts:
         self.w2 = torch.stack([d.raw for _, _, d in experts])
         self.site = CallSite(fused_moe_gguf)
 
+    def _stack_nvfp4(self, experts: list[list[Nvfp4Weight]]) -> None:
+        """Codes and block scales stacked as [E, rows, ...]; each projection's global scale repeated over its rows
+        ([E, 2I] for gate then up, [E, hidden]), since gate and up may be calibrated apart."""
+        def rows(w: Nvfp4Weight) -> torch.Tensor:
+            return w.global_scale.float().reshape(1).expand(w.packed.shape[0])
+
+        self.w13 = torch.stack([torch.cat([g.packed, u.packed]) for g, u, _ in experts])
+        self.w13_scale = torch.stack([torch.cat([g.block_scale, u.block_scale]) for g, u, _ in experts])
+        self.w13_global = torch.stack([torch.cat([rows(g), rows(u)]) for g, u, _ in experts])
+        self.w2 = torch.stack([d.packed for _, _, d in experts])
+        self.w2_scale = torch.stack([d.block_scale for _, _, d in experts])
+        self.w2_global = torch.stack([rows(d) for _, _, d in experts])
+        self.site = CallSite(fused_moe_nvfp4)
+
     @property
     def num_experts(self) -> int:
         return self.w13.shape[0]
 
     def __call__(self, key, x: torch.Tensor, router_logits: torch.Tensor, top_k: int, renormalize: bool):
+        if self.nvfp4:
+            return self.site(key, x, self.w13, self.w13_scale, self.w13_global, self.w2, self.w2_scale,
+                             self.w2_global, router_logits, top_k, renormalize)
         if self.gguf:
             return self.site(key, x, self.w13, self.w13_qtype, self.w2, self.w2_qtype, router_logits, top_k,
                              renormalize)

@@ -17,6 +17,7 @@ from .mla import mla_decode
 from .moe import fused_moe
 from .moe_fp8 import fused_moe_fp8
 from .moe_gguf import fused_moe_gguf
+from .moe_nvfp4 import fused_moe_nvfp4
 from .norm import fused_add_rms_norm, rms_norm
 from .nvfp4 import nvfp4_linear, nvfp4_linear_w4a4, nvfp4_quantize
 from .registry import OPS, Case, KernelRegistry, OpDef, Tolerance, active_registry
@@ -26,7 +27,7 @@ from .rotary_kv import rotary_write_kv
 __all__ = [
     "OPS", "Case", "KernelRegistry", "OpDef", "Tolerance", "active_registry",
     "all_reduce", "build_cos_sin_cache", "fp8_linear", "fused_add_rms_norm", "fused_moe", "fused_moe_fp8",
-    "fused_moe_gguf",
+    "fused_moe_gguf", "fused_moe_nvfp4",
     "gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "linear", "mla_decode", "nvfp4_linear", "nvfp4_linear_w4a4",
     "nvfp4_quantize",
     "paged_attention_decode", "paged_attention_prefill",

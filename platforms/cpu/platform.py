@@ -103,7 +103,7 @@ class CpuPlatform(Platform):
         for op in ("fp8_linear", "fp8_quantize_per_token", "fused_moe_fp8"):
             registry.reference_only(op, "no native FP8 kernel: CPUs have no FP8 arithmetic, and no model the CPU "
                                         "path loads is FP8 (issue 27 brings FP8 checkpoints)")
-        for op in ("nvfp4_quantize", "nvfp4_linear", "nvfp4_linear_w4a4"):
+        for op in ("nvfp4_quantize", "nvfp4_linear", "nvfp4_linear_w4a4", "fused_moe_nvfp4"):
             registry.reference_only(op, "no native NVFP4 kernel: NVFP4 checkpoints target Blackwell GPUs")
 
     def fp16_linear_max_m(self, isa: str, cpuinfo: str) -> int | None:

@@ -28,6 +28,7 @@ KERNEL_MODULES = {
     "rotary": ("rotary_embedding", "rotary_write_kv"),
     "fused_moe": ("fused_moe", "fused_moe_fp8"),
     "fused_moe_gguf": ("fused_moe_gguf",),
+    "fused_moe_nvfp4": ("fused_moe_nvfp4",),
     "fp8_linear": ("fp8_linear", "fp8_quantize_per_token"),
     "nvfp4": ("nvfp4_quantize", "nvfp4_linear", "nvfp4_linear_w4a4"),
     "mla": ("mla_decode",),

@@ -53,6 +53,7 @@ from engine.core.ops.moe import fused_moe, kernel_shape_problem
 from engine.core.ops.moe_fp8 import fused_moe_fp8, is_block_scale
 
 from . import interpreting, sm_count
+from .fp4_values import nvfp4_values
 from .fp8_grid import fp8_grid_params, round_to_fp8_grid
 from .gguf_values import gguf_values
 
@@ -63,6 +64,7 @@ _MAX_EXPERTS = 1024  # the align kernel holds one counter per expert in a single
 _MAX_TOP_K = 64
 _INTERPRETER_SMS = 4  # a stand-in SM count under the interpreter (no device to ask)
 _MIN_AMAX = 1e-12  # as core/ops/fp8.py
+NVFP4 = -1  # _moe_gemm_kernel's B_QTYPE for NVFP4 weights (GGUF types are positive)
 BLOCK_SCALE_K = 128  # the K width of a block scale (core/ops/moe_fp8.py)
 
 
@@ -185,11 +187,11 @@ def _quant_rows_kernel(src_ptr, dst_ptr, scale_ptr, N, stride_r, stride_c, qmax,
 
 @triton.jit
 def _moe_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, topk_w_ptr,
+    a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, b_gs_ptr, topk_w_ptr,
     sorted_ptr, block_expert_ptr, num_padded_ptr,
     N, K, num_pairs, max_padded,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk,
-    stride_cs, stride_cm, stride_cn, stride_bse, stride_bsn, stride_bsk, stride_asm,
+    stride_cs, stride_cm, stride_cn, stride_bse, stride_bsn, stride_bsk, stride_asm, stride_bge,
     A_ROW_DIV: tl.constexpr,  # A row of pair p: p // A_ROW_DIV (top_k for x, 1 for h)
     GATED: tl.constexpr,  # B rows [0, N) gate, [N, 2N) up; epilogue silu(gate) * up
     MUL_WEIGHT: tl.constexpr,  # multiply by the pair's routing weight
@@ -198,7 +200,8 @@ def _moe_gemm_kernel(
     BLOCK_SCALE: tl.constexpr,  # FP8 with 1x128 A groups and 128x128 B blocks (BLOCK_K = 128): scale each K tile
     UPCAST: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ROUND_BF16: tl.constexpr,  # interpreter, bf16 output: round to nearest-even before the (truncating) cast
-    B_QTYPE: tl.constexpr,  # 0: B holds values; else B holds raw GGUF rows of this type (stride_bn: row bytes)
+    B_QTYPE: tl.constexpr,  # 0: B holds values; > 0: raw GGUF rows of this type (stride_bn: row bytes); NVFP4 (-1):
+    # packed e2m1 codes, e4m3 block scales (bytes) at b_scale_ptr and per-row fp32 global scales at b_gs_ptr
     B_BYTES: tl.constexpr,  # GGUF: bytes per block (super-block for K-quants)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     OUT_N: tl.constexpr,  # output columns per program: BLOCK_N // 2 when GATED, else BLOCK_N
@@ -252,8 +255,12 @@ def _moe_gemm_kernel(
             if B_QTYPE == 0:
                 b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         if B_QTYPE != 0:  # decoded in fp32; rounded to A's dtype for the tensor cores (the interpreter upcasts)
-            b = gguf_values(b_rows_ptr, (offs_k < K - kt * BLOCK_K)[:, None], (kt * BLOCK_K + offs_k)[:, None],
-                            kt * BLOCK_K, B_QTYPE, B_BYTES)
+            k_mask = (offs_k < K - kt * BLOCK_K)[:, None]
+            if B_QTYPE < 0:  # NVFP4
+                b = nvfp4_values(b_rows_ptr, b_scale_ptr + expert * stride_bse + b_rows[None, :] * stride_bsn, k_mask,
+                                 (kt * BLOCK_K + offs_k)[:, None], stride_bsk)
+            else:
+                b = gguf_values(b_rows_ptr, k_mask, (kt * BLOCK_K + offs_k)[:, None], kt * BLOCK_K, B_QTYPE, B_BYTES)
             if not UPCAST:
                 b = b.to(a.dtype)
         if BLOCK_SCALE:  # this K tile's group scales (A row, B block row) on its partial product, then fp32
@@ -275,6 +282,8 @@ def _moe_gemm_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
+    if B_QTYPE < 0:  # NVFP4: 1 / global scale, per B row
+        acc = tl.math.div_rn(acc, tl.load(b_gs_ptr + expert * stride_bge + b_rows)[None, :])
     if FP8 and not BLOCK_SCALE:
         a_s = tl.load(a_scale_ptr + a_rows, mask=row_ok, other=0.0)
         b_s = tl.load(b_scale_ptr + expert * stride_bse + b_rows * stride_bsn)
@@ -481,8 +490,8 @@ def _quantize_groups(a: torch.Tensor, fp8_dtype: torch.dtype):
 
 
 def _b_format(qtype: int) -> dict:
-    """The GEMM kernel's B_QTYPE / B_BYTES for weights of GGUF type ``qtype`` (0: plain values)."""
-    return {"B_QTYPE": qtype, "B_BYTES": ALL_QTYPES[qtype][2] if qtype else 0}
+    """The GEMM kernel's B_QTYPE / B_BYTES for weights of GGUF type ``qtype`` (0: plain values; NVFP4)."""
+    return {"B_QTYPE": qtype, "B_BYTES": ALL_QTYPES[qtype][2] if qtype > 0 else 0}
 
 
 def _scale_strides(scale: torch.Tensor, block: bool = False) -> tuple[int, int, int]:
@@ -496,16 +505,17 @@ def _scale_strides(scale: torch.Tensor, block: bool = False) -> tuple[int, int, 
 
 
 def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w2_scale=None, w13_qtype=0,
-             w2_qtype=0, config: MoeConfig | None = None):
-    """fused_moe (values in w13 / w2), fused_moe_fp8 (with their scales) or fused_moe_gguf (raw GGUF rows of the
-    two qtypes)."""
+             w2_qtype=0, w13_gs=None, w2_gs=None, config: MoeConfig | None = None):
+    """fused_moe (values in w13 / w2), fused_moe_fp8 (FP8 with their scales), fused_moe_gguf (raw GGUF rows of the
+    two qtypes) or fused_moe_nvfp4 (qtypes NVFP4: packed codes, the scales their e4m3 block scales as uint8, ``*_gs``
+    the per-row global scales)."""
     tokens, hidden = x.shape
     experts, two_i, _ = w13.shape
     inter = two_i // 2
     out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
-    fp8 = w13_scale is not None
+    fp8 = w13.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
     block = fp8 and is_block_scale(w13_scale, two_i, hidden)
     cfg = config or moe_config(tokens, experts, top_k, hidden, inter, x.dtype, fp8)
     if block:  # one K tile per scale block
@@ -525,15 +535,18 @@ def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w
         a1, a1_scale = _quantize_groups(x, w13.dtype) if block else _quantize_rows(x, w13.dtype)
         s13e, s13n, s13k = _scale_strides(w13_scale, block)
     else:
-        a1, a1_scale, s13e, s13n, s13k = x, topk_w, 0, 0, 0
+        a1, a1_scale = x, topk_w
+        s13e, s13n, s13k = w13_scale.stride() if w13_qtype == NVFP4 else (0, 0, 0)
     h = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
     g1 = cfg.gemm1
     _launch_gemm(
         lambda g: (num_pid_m * triton.cdiv(inter, g.BLOCK_N // 2), 1),
-        (a1, w13, h, a1_scale, w13_scale if fp8 else topk_w, topk_w, sorted_ids, block_expert, num_padded,
+        (a1, w13, h, a1_scale, topk_w if w13_scale is None else w13_scale, topk_w if w13_gs is None else w13_gs,
+         topk_w, sorted_ids, block_expert, num_padded,
          inter, hidden, pairs, max_padded,
          a1.stride(0), a1.stride(1), w13.stride(0), w13.stride(1), 0 if w13_qtype else w13.stride(2),
-         0, h.stride(0), h.stride(1), s13e, s13n, s13k, a1_scale.stride(0) if block else 1),
+         0, h.stride(0), h.stride(1), s13e, s13n, s13k, a1_scale.stride(0) if block else 1,
+         0 if w13_gs is None else w13_gs.stride(0)),
         dict(A_ROW_DIV=top_k, GATED=True, MUL_WEIGHT=False, FP8=fp8, FAST_ACCUM=cfg.fp8_fast_accum, UPCAST=upcast,
              BLOCK_SCALE=block,
              IEEE=ieee,
@@ -545,7 +558,8 @@ def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w
         a2, a2_scale = _quantize_groups(h, w2.dtype) if block else _quantize_rows(h, w2.dtype)
         s2e, s2n, s2k = _scale_strides(w2_scale, block)
     else:
-        a2, a2_scale, s2e, s2n, s2k = h, topk_w, 0, 0, 0
+        a2, a2_scale = h, topk_w
+        s2e, s2n, s2k = w2_scale.stride() if w2_qtype == NVFP4 else (0, 0, 0)
     g2 = cfg.gemm2
     split = _split_k(cfg, pairs, experts, hidden, inter, x.device)
     direct = top_k == 1 and split == 1
@@ -553,10 +567,12 @@ def _forward(x, w13, w2, router_logits, top_k, renormalize, *, w13_scale=None, w
     stride_ys = 0 if direct else y.stride(0)
     _launch_gemm(
         lambda g: (num_pid_m * triton.cdiv(hidden, g.BLOCK_N), split),
-        (a2, w2, y, a2_scale, w2_scale if fp8 else topk_w, topk_w, sorted_ids, block_expert, num_padded,
+        (a2, w2, y, a2_scale, topk_w if w2_scale is None else w2_scale, topk_w if w2_gs is None else w2_gs,
+         topk_w, sorted_ids, block_expert, num_padded,
          hidden, inter, pairs, max_padded,
          a2.stride(0), a2.stride(1), w2.stride(0), w2.stride(1), 0 if w2_qtype else w2.stride(2),
-         stride_ys, y.stride(-2), y.stride(-1), s2e, s2n, s2k, a2_scale.stride(0) if block else 1),
+         stride_ys, y.stride(-2), y.stride(-1), s2e, s2n, s2k, a2_scale.stride(0) if block else 1,
+         0 if w2_gs is None else w2_gs.stride(0)),
         dict(A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True, FP8=fp8, FAST_ACCUM=cfg.fp8_fast_accum, UPCAST=upcast,
              BLOCK_SCALE=block,
              IEEE=ieee,

@@ -138,9 +138,9 @@ def test_w4a4_runs_where_the_platform_has_a_kernel_for_it(tmp_path):
                                                             weight.global_scale, None))
 
 
-def test_nvfp4_moe_experts_are_expanded_and_the_rest_stays_nvfp4(tmp_path, caplog):
-    """No MoE kernel takes NVFP4 experts yet: they load expanded (with a warning naming the memory), the attention
-    stays NVFP4, and the logits are transformers' on the dequantized weights."""
+def test_nvfp4_moe_experts_stay_nvfp4_and_match_transformers(tmp_path, caplog):
+    """NVFP4 experts load kept packed (fused_moe_nvfp4, W4A16 here), gate and up calibrated apart (their own
+    weight_scale_2), as do the attention projections, and the logits are transformers' on the dequantized weights."""
     from tests.core.loader.test_hf_fp8_moe import MODELS, load_dequantized
 
     cfg_cls, model_cls, extra = MODELS["qwen3_moe"]
@@ -170,9 +170,11 @@ def test_nvfp4_moe_experts_are_expanded_and_the_rest_stays_nvfp4(tmp_path, caplo
     load_dequantized(hf, deq)  # W4A16 on this platform: activations unrounded
     with caplog.at_level("INFO", logger="engine"):
         llm = LLM(str(tmp_path), dtype="float32", num_kv_blocks=32, block_size=16)
-    assert "24 expert matrices (NVFP4) are expanded to float32" in caplog.text, caplog.text
-    assert "8 matrices kept quantized" in caplog.text  # q, k, v, o of two layers
-    assert not llm.model.layers[0].mlp.experts.fp8 and isinstance(llm.model.layers[0].attn.o_proj.w, Nvfp4Weight)
+    assert "expanded" not in caplog.text, caplog.text
+    assert "32 matrices kept quantized" in caplog.text  # q, k, v, o and 4 experts' gate, up, down in two layers
+    experts = llm.model.layers[0].mlp.experts
+    assert experts.nvfp4 and experts.w13.dtype == torch.uint8 and tuple(experts.w13.shape) == (4, 512, 128)
+    assert isinstance(llm.model.layers[0].attn.o_proj.w, Nvfp4Weight)
     ids = torch.randint(0, 160, (19,), generator=torch.Generator().manual_seed(int.from_bytes(os.urandom(4),
                                                                                             "little"))).tolist()
     with torch.no_grad():

@@ -24,7 +24,7 @@ def test_draws_repeat_for_a_seed(name):
     assert first == [(c.name, c.params) for c in op_cases(OPS[name], seed, DEVICE_BUDGET)]
 
 
-@pytest.mark.parametrize("name", ["fused_moe", "fused_moe_fp8"])
+@pytest.mark.parametrize("name", ["fused_moe", "fused_moe_fp8", "fused_moe_gguf", "fused_moe_nvfp4"])
 def test_expert_weights_fit_on_an_accelerator(name):
     for _ in range(20):
         seed = random.SystemRandom().randrange(2**31)
