@@ -25,7 +25,7 @@ from engine.core.models.weights import Fp8Weight
 from .errors import ModelLoadError
 
 SUPPORTED = ("fp8 (128x128 blocks), fbgemm_fp8, compressed-tensors float-quantized W8A8 and pack-quantized W4A16, "
-             "gptq and awq 4-bit, modelopt NVFP4 and FP8")
+             "gptq and awq 4-bit, modelopt NVFP4 and FP8, quark OCP MXFP4 and FP8")
 _SCALE_SUFFIXES = ("weight_scale", "weight_scale_inv", "input_scale", "input_scale_ub", "k_scale", "v_scale")
 
 
@@ -103,6 +103,10 @@ def quant_scheme(qc: dict, source: str):
         from .hf_nvfp4 import modelopt_scheme
 
         return modelopt_scheme(qc, source)
+    if method == "quark":
+        from .hf_quark import quark_scheme
+
+        return quark_scheme(qc, source)
     if method in ("gptq", "awq"):
         from .hf_int4 import int4_scheme
 

@@ -32,6 +32,15 @@ def _ct(weights: str, acts: dict) -> dict:
                 "num_bits": 8, "type": "float", "symmetric": True, **acts}}}}
 
 
+def _quark(weights: str, dynamic: bool) -> dict:
+    """AMD Quark's export config for FP8 weights per tensor or channel and FP8 activations per tensor."""
+    spec = {"dtype": "fp8_e4m3", "is_dynamic": False, "symmetric": True, "round_method": "half_even"}
+    return {"quant_method": "quark", "exclude": ["lm_head"], "layer_quant_config": {}, "global_quant_config": {
+        "weight": {**spec, "qscheme": weights, "ch_axis": 0 if weights == "per_channel" else None},
+        "input_tensors": {**spec, "qscheme": "per_tensor", "is_dynamic": dynamic}, "output_tensors": None,
+        "bias": None}}
+
+
 # name: (weight granularity, activation quantization: "token", "group" or a static scale, quantization_config)
 LAYOUTS = {
     "deepseek_block": ("block", "group", {"quant_method": "fp8", "weight_block_size": [128, 128],
@@ -40,6 +49,8 @@ LAYOUTS = {
     "ct_tensor_static": ("tensor", 0.01, _ct("tensor", {"strategy": "tensor", "dynamic": False})),
     "ct_channel_token": ("channel", "token", _ct("channel", {"strategy": "token", "dynamic": True})),
     "ct_block_group": ("block", "group", _ct("block", {"strategy": "group", "group_size": 128, "dynamic": True})),
+    "quark_tensor_static": ("tensor", 0.01, _quark("per_tensor", dynamic=False)),
+    "quark_channel_dynamic": ("channel", "token", _quark("per_channel", dynamic=True)),
 }
 
 
