@@ -86,11 +86,12 @@ def random_blocks(shape: tuple[int, int], q, seed: int = 0) -> np.ndarray:
 
 
 def write_gguf(path: Path, arch: str, state_dict: dict[str, torch.Tensor], cfg, *, qtype=None,
-               tokenizer: dict, rope_scaling: dict | None = None) -> Path:
+               tokenizer: dict, rope_scaling: dict | None = None, extra=None) -> Path:
     """Write ``state_dict`` (HF names, an HF config ``cfg``) as a GGUF of ``arch``. ``qtype(name, array)`` picks each
     2-D tensor's GGML type (default F32; Q4_K / Q5_K / Q6_K get random super-blocks of the tensor's spread and
     another type in RANDOM_BLOCK_SCALES random_blocks, not the tensor's values). ``tokenizer`` holds the
-    tokenizer.* metadata to write."""
+    tokenizer.* metadata to write; ``extra(writer)``, if given, adds more metadata and tensors before the header
+    is written."""
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(arch_enum, cfg.num_hidden_layers)
     w = gguf.GGUFWriter(str(path), arch)
@@ -144,6 +145,8 @@ def write_gguf(path: Path, arch: str, state_dict: dict[str, torch.Tensor], cfg, 
             w.add_tensor(name, random_blocks(a.shape, q), raw_dtype=q)
         else:
             w.add_tensor(name, gguf.quants.quantize(a, q), raw_dtype=q)
+    if extra is not None:
+        extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
