@@ -24,3 +24,11 @@ def test_bench_spec_decode_tiny(capsys):
     assert bench.main(["--batch-sizes", "1", "--ks", "0", "1", "--max-tokens", "4", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "num_speculative_tokens_per_batch_size" in out and "| 1 | repetitive |" in out and "| 1 | chat |" in out
+
+
+def test_bench_cpu_moe_quant_tiny():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    rows = importlib.import_module("bench_cpu_moe_quant").run(tiny=True)
+    assert [(r["qtype"], r["tokens"]) for r in rows] == [("Q4_0", 1), ("Q4_0", 5), ("Q8_0", 1), ("Q8_0", 5)]
+    assert all(r["quant_bf16_ms"] > 0 and r["dense_over_quant_fp32"] > 0 for r in rows), rows
+    assert all(r["quant_bytes_per_expert"] < r["bf16_bytes_per_expert"] for r in rows), rows
