@@ -81,16 +81,25 @@ def expert_groups(router_logits: torch.Tensor, top_k: int, renormalize: bool, nu
         yield e, pairs // top_k, flat_w[pairs, None]
 
 
-def _fused_moe_ref(x, w13, w2, router_logits, top_k, renormalize):
-    _check(x, w13, w2, router_logits, top_k)
-    inter = w13.shape[1] // 2
+def swiglu_experts(x, router_logits, top_k: int, renormalize: bool, num_experts: int, expert_weights):
+    """The routed SwiGLU experts in x's accumulation dtype (fp32, or fp64 for the kit's oracle), returned in x.dtype:
+    ``expert_weights(e, dtype)`` gives expert e's (w13 [2I, hidden], w2 [hidden, I]) as plain matrices of dtype. The
+    references of every fused-MoE op share it; they differ in how they decode their experts."""
     xf = acc(x)
     out = torch.zeros(x.shape, dtype=xf.dtype, device=x.device)
-    for e, tokens, weight in expert_groups(router_logits, top_k, renormalize, w13.shape[0]):
-        gate_up = xf[tokens] @ acc(w13[e]).t()
+    for e, tokens, weight in expert_groups(router_logits, top_k, renormalize, num_experts):
+        w13, w2 = expert_weights(e, xf.dtype)
+        gate_up = xf[tokens] @ w13.t()
+        inter = gate_up.shape[1] // 2
         h = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out[tokens] += (h @ acc(w2[e]).t()) * weight  # a token meets each expert at most once
+        out[tokens] += (h @ w2.t()) * weight  # a token meets each expert at most once
     return out.to(x.dtype)
+
+
+def _fused_moe_ref(x, w13, w2, router_logits, top_k, renormalize):
+    _check(x, w13, w2, router_logits, top_k)
+    return swiglu_experts(x, router_logits, top_k, renormalize, w13.shape[0],
+                          lambda e, dt: (w13[e].to(dt), w2[e].to(dt)))
 
 
 def _fused_moe_fake(x, w13, w2, router_logits, top_k, renormalize):

@@ -14,8 +14,7 @@ import torch
 from .gguf_kquants import Q4_K, Q6_K
 from .gguf_quant import Q4_0, Q4_1, Q8_0, _gguf_dequantize_ref, check_gguf_raw, draw_qtype, random_gguf_weight
 from .inputs import randn
-from .moe import distinct_logits, draw_moe, expert_groups
-from .precision import acc
+from .moe import distinct_logits, draw_moe, swiglu_experts
 from .registry import Case, OpDef, Tolerance
 from .shapes import special_rows
 
@@ -56,14 +55,9 @@ def _fused_moe_gguf_ref(x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k, r
     problem = moe_gguf_problem(x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k)
     if problem:
         raise ValueError(f"fused_moe_gguf: {problem}")
-    inter = w13.shape[1] // 2
-    xf = acc(x)
-    out = torch.zeros(x.shape, dtype=xf.dtype, device=x.device)
-    for e, tokens, weight in expert_groups(router_logits, top_k, renormalize, w13.shape[0]):
-        gate_up = xf[tokens] @ _gguf_dequantize_ref(w13[e], w13_qtype, x.shape[1], xf.dtype).t()
-        h = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out[tokens] += (h @ _gguf_dequantize_ref(w2[e], w2_qtype, inter, xf.dtype).t()) * weight
-    return out.to(x.dtype)
+    hidden, inter = x.shape[1], w13.shape[1] // 2
+    return swiglu_experts(x, router_logits, top_k, renormalize, w13.shape[0], lambda e, dt: (
+        _gguf_dequantize_ref(w13[e], w13_qtype, hidden, dt), _gguf_dequantize_ref(w2[e], w2_qtype, inter, dt)))
 
 
 def _fused_moe_gguf_fake(x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k, renormalize):

@@ -11,9 +11,8 @@ from __future__ import annotations
 import torch
 
 from .inputs import randn, uniform
-from .moe import distinct_logits, draw_moe, expert_groups
+from .moe import distinct_logits, draw_moe, swiglu_experts
 from .nvfp4 import _SCALE_DTYPES, BLOCK, _nvfp4_quantize_ref, _varied_blocks, e2m1_decode, nvfp4_global_scale, unpack
-from .precision import acc
 from .registry import Case, OpDef, Tolerance
 from .shapes import special_rows
 
@@ -67,15 +66,9 @@ def _fused_moe_nvfp4_ref(x, w13_packed, w13_block_scale, w13_global_scale, w2_pa
                                 w2_global_scale, router_logits, top_k)
     if problem:
         raise ValueError(f"fused_moe_nvfp4: {problem}")
-    inter = w13_packed.shape[1] // 2
-    xf = acc(x)
-    out = torch.zeros(x.shape, dtype=xf.dtype, device=x.device)
-    for e, tokens, weight in expert_groups(router_logits, top_k, renormalize, w13_packed.shape[0]):
-        gate_up = xf[tokens] @ dequantize_expert(w13_packed, w13_block_scale, w13_global_scale, e).t().to(xf.dtype)
-        h = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        w2 = dequantize_expert(w2_packed, w2_block_scale, w2_global_scale, e).t().to(xf.dtype)
-        out[tokens] += (h @ w2) * weight
-    return out.to(x.dtype)
+    return swiglu_experts(x, router_logits, top_k, renormalize, w13_packed.shape[0], lambda e, dt: (
+        dequantize_expert(w13_packed, w13_block_scale, w13_global_scale, e).to(dt),
+        dequantize_expert(w2_packed, w2_block_scale, w2_global_scale, e).to(dt)))
 
 
 def _fused_moe_nvfp4_fake(x, *args):

@@ -623,6 +623,22 @@ def _check_shapes(device_type, x, w13, w2, router_logits, top_k):
     return True
 
 
+def quantized_experts_verdict(device_type: str, capability, x, tensors, router_logits, experts: int, top_k: int):
+    """What the grouped-GEMM launches need of a quantized-experts call beyond its op's own checks (True if met):
+    every tensor on ``device_type``, x and router_logits in dtypes the kernels take, the expert and top-k limits."""
+    if any(t.device.type != device_type for t in tensors):
+        return f"tensors must be on the {device_type} device"
+    if x.dtype not in _DTYPES:
+        return f"x dtype {x.dtype}: need fp32, bf16 or fp16"
+    if router_logits.dtype not in _LOGIT_DTYPES:
+        return f"router_logits dtype {router_logits.dtype}: need fp32, bf16, fp16 or fp64"
+    if experts > _MAX_EXPERTS or top_k > _MAX_TOP_K:
+        return f"{experts} experts, top_k {top_k}: at most {_MAX_EXPERTS} experts and top_k {_MAX_TOP_K}"
+    if capability is not None and tuple(capability) < (8, 0) and x.dtype == torch.bfloat16:
+        return f"bf16 tl.dot needs compute capability >= 8.0, this device has {tuple(capability)}"
+    return True
+
+
 @functools.cache
 def _hip_arch(device: torch.device) -> str:
     return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]

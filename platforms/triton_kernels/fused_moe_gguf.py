@@ -9,11 +9,9 @@ gguf_linear.py; interpreter-tested, not yet run on a GPU.
 
 from __future__ import annotations
 
-import torch
-
 from engine.core.ops.moe_gguf import fused_moe_gguf, moe_gguf_problem
 
-from .fused_moe import _DTYPES, _LOGIT_DTYPES, _MAX_EXPERTS, _MAX_TOP_K, PRIORITY, MoeConfig, _forward
+from .fused_moe import PRIORITY, MoeConfig, _forward, quantized_experts_verdict
 
 
 def triton_fused_moe_gguf(x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k, renormalize, *,
@@ -28,17 +26,8 @@ def make_supports(device_type: str, capability: tuple[int, int] | None = None):
         problem = moe_gguf_problem(x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k)
         if problem:
             return problem
-        if any(t.device.type != device_type for t in (x, w13, w2, router_logits)):
-            return f"tensors must be on the {device_type} device"
-        if x.dtype not in _DTYPES:
-            return f"x dtype {x.dtype}: need fp32, bf16 or fp16"
-        if router_logits.dtype not in _LOGIT_DTYPES:
-            return f"router_logits dtype {router_logits.dtype}: need fp32, bf16, fp16 or fp64"
-        if w13.shape[0] > _MAX_EXPERTS or top_k > _MAX_TOP_K:
-            return f"{w13.shape[0]} experts, top_k {top_k}: at most {_MAX_EXPERTS} experts and top_k {_MAX_TOP_K}"
-        if capability is not None and tuple(capability) < (8, 0) and x.dtype == torch.bfloat16:
-            return f"bf16 tl.dot needs compute capability >= 8.0, this device has {tuple(capability)}"
-        return True
+        return quantized_experts_verdict(device_type, capability, x, (x, w13, w2, router_logits), router_logits,
+                                         w13.shape[0], top_k)
 
     return supports
 

@@ -12,7 +12,7 @@ import torch
 
 from engine.core.ops.moe_nvfp4 import fused_moe_nvfp4, moe_nvfp4_problem
 
-from .fused_moe import _DTYPES, _LOGIT_DTYPES, _MAX_EXPERTS, _MAX_TOP_K, NVFP4, PRIORITY, MoeConfig, _forward
+from .fused_moe import NVFP4, PRIORITY, MoeConfig, _forward, quantized_experts_verdict
 
 
 def triton_fused_moe_nvfp4(x, w13_packed, w13_block_scale, w13_global_scale, w2_packed, w2_block_scale,
@@ -33,17 +33,8 @@ def make_supports(device_type: str, capability: tuple[int, int] | None = None):
             return problem
         tensors = (x, w13_packed, w13_block_scale, w13_global_scale, w2_packed, w2_block_scale, w2_global_scale,
                    router_logits)
-        if any(t.device.type != device_type for t in tensors):
-            return f"tensors must be on the {device_type} device"
-        if x.dtype not in _DTYPES:
-            return f"x dtype {x.dtype}: need fp32, bf16 or fp16"
-        if router_logits.dtype not in _LOGIT_DTYPES:
-            return f"router_logits dtype {router_logits.dtype}: need fp32, bf16, fp16 or fp64"
-        if w13_packed.shape[0] > _MAX_EXPERTS or top_k > _MAX_TOP_K:
-            return f"{w13_packed.shape[0]} experts, top_k {top_k}: at most {_MAX_EXPERTS} experts, top_k {_MAX_TOP_K}"
-        if capability is not None and tuple(capability) < (8, 0) and x.dtype == torch.bfloat16:
-            return f"bf16 tl.dot needs compute capability >= 8.0, this device has {tuple(capability)}"
-        return True
+        return quantized_experts_verdict(device_type, capability, x, tensors, router_logits, w13_packed.shape[0],
+                                         top_k)
 
     return supports
 

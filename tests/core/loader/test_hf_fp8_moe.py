@@ -52,17 +52,23 @@ def _fp8_experts_forward(experts, acts):
     return forward
 
 
-def build(tmp_path, model: str, layout: str):
+def save_random_moe(tmp_path, model: str, vocab: int = VOCAB):
+    """A random 2-layer MoE model of MODELS[model] saved by transformers in tmp_path with a tokenizer: (the model,
+    its saved tensors, per-expert names, to quantize and write back)."""
     cfg_cls, model_cls, extra = MODELS[model]
-    weights_how, acts, qc = LAYOUTS[layout]
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
-    cfg = getattr(transformers, cfg_cls)(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+    cfg = getattr(transformers, cfg_cls)(vocab_size=vocab, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
                                          num_key_value_heads=4, max_position_embeddings=256, rms_norm_eps=1e-6,
                                          tie_word_embeddings=False, **extra)
     hf = getattr(transformers, model_cls)(cfg).eval()
     hf.save_pretrained(tmp_path)
     _save_tokenizer(tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
+    return hf, load_file(tmp_path / "model.safetensors")
+
+
+def build(tmp_path, model: str, layout: str):
+    weights_how, acts, qc = LAYOUTS[layout]
+    hf, tensors = save_random_moe(tmp_path, model)
     scale_name = "weight_scale_inv" if qc["quant_method"] == "fp8" else "weight_scale"
     dequantized = {}
     for name in [n for n in tensors if n.endswith(QUANTIZED)]:

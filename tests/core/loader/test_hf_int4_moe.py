@@ -8,15 +8,15 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from engine import LLM
 from engine.core.models.weights import QuantizedWeight
 from engine.core.ops import OPS
 from engine.core.ops.gguf_quant import Q4_0, Q4_1
-from tests.core.loader.test_hf_fp8_moe import MODELS, load_dequantized
+from tests.core.loader.test_hf_fp8_moe import load_dequantized, save_random_moe
 from tests.core.loader.test_hf_int4 import LAYOUTS, add_quantization_config, quantize_into
-from tests.core.models.test_tiny_random_vs_hf import VOCAB, _save_tokenizer
+from tests.core.models.test_tiny_random_vs_hf import VOCAB
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,15 +26,7 @@ CHECKPOINTS = [("qwen3_moe", "gptq_sym_g128"), ("qwen3_moe", "awq_g32"), ("qwen3
 
 
 def build(tmp_path, model: str, layout: str):
-    cfg_cls, model_cls, extra = MODELS[model]
-    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
-    cfg = getattr(transformers, cfg_cls)(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=4, max_position_embeddings=256, rms_norm_eps=1e-6,
-                                         tie_word_embeddings=False, **extra)
-    hf = getattr(transformers, model_cls)(cfg).eval()
-    hf.save_pretrained(tmp_path)
-    _save_tokenizer(tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
+    hf, tensors = save_random_moe(tmp_path, model)
     dequantized = quantize_into(tensors, [n for n in tensors if n.endswith("_proj.weight")], layout)
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     add_quantization_config(tmp_path, layout)

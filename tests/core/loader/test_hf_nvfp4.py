@@ -141,21 +141,9 @@ def test_w4a4_runs_where_the_platform_has_a_kernel_for_it(tmp_path):
 def test_nvfp4_moe_experts_stay_nvfp4_and_match_transformers(tmp_path, caplog):
     """NVFP4 experts load kept packed (fused_moe_nvfp4, W4A16 here), gate and up calibrated apart (their own
     weight_scale_2), as do the attention projections, and the logits are transformers' on the dequantized weights."""
-    from tests.core.loader.test_hf_fp8_moe import MODELS, load_dequantized
+    from tests.core.loader.test_hf_fp8_moe import load_dequantized, save_random_moe
 
-    cfg_cls, model_cls, extra = MODELS["qwen3_moe"]
-    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
-    cfg = getattr(transformers, cfg_cls)(vocab_size=160, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False,
-                                         **extra)
-    hf = getattr(transformers, model_cls)(cfg).eval()
-    hf.save_pretrained(tmp_path)
-    from safetensors.torch import load_file
-
-    from tests.core.models.test_tiny_random_vs_hf import _save_tokenizer
-
-    _save_tokenizer(tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
+    hf, tensors = save_random_moe(tmp_path, "qwen3_moe", vocab=160)
     deq = {}
     for name in [n for n in tensors if n.endswith("_proj.weight")]:
         w = tensors[name].float()

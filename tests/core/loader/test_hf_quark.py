@@ -10,14 +10,14 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from engine import LLM
 from engine.core.loader.hf_quark import mxfp4_as_nvfp4
 from engine.core.models.weights import Nvfp4Weight, dense_weight
 from tests.core.loader.test_hf_fp8 import LINEARS, random_llama
-from tests.core.loader.test_hf_fp8_moe import MODELS, load_dequantized
-from tests.core.models.test_tiny_random_vs_hf import VOCAB, _save_tokenizer
+from tests.core.loader.test_hf_fp8_moe import load_dequantized, save_random_moe
+from tests.core.models.test_tiny_random_vs_hf import VOCAB
 
 transformers = pytest.importorskip("transformers")
 
@@ -85,15 +85,7 @@ def test_mxfp4_llama_loads_as_nvfp4_and_matches_transformers(tmp_path, caplog):
 
 
 def test_mxfp4_moe_experts_run_on_the_nvfp4_moe_op(tmp_path):
-    cfg_cls, model_cls, extra = MODELS["qwen3_moe"]
-    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
-    cfg = getattr(transformers, cfg_cls)(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False,
-                                         **extra)
-    hf = getattr(transformers, model_cls)(cfg).eval()
-    hf.save_pretrained(tmp_path)
-    _save_tokenizer(tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
+    hf, tensors = save_random_moe(tmp_path, "qwen3_moe")
     dequantized = _quantize_all(tensors, [n for n in tensors if n.endswith("_proj.weight")])
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     _write_config(tmp_path)
