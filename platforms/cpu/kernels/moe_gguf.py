@@ -1,9 +1,11 @@
 """``fused_moe_gguf`` on the CPU: the tokens grouped by expert, then each expert's two GEMMs on the native GGUF
-kernels, straight from its blocks (nothing dequantized to memory).
+kernels, straight from its blocks.
 
-Each expert's ``w13[e]`` / ``w2[e]`` is a plain [rows, row bytes] GGUF matrix, so its GEMMs go to whichever native
-``gguf_linear`` and ``silu_and_mul`` the same registry picks for that many tokens (the M = 1 GEMV at decode, the
-packed or Q8-activation GEMMs above it), chosen once per shape and kept, as a model layer's call sites do.
+Each expert's ``w13[e]`` / ``w2[e]`` is a plain [rows, row bytes] GGUF matrix. Its GEMMs run the fused raw-row kernel
+(blocks decoded in registers, fp32 math; above 64 tokens, dequantize + GEMM), not the packed one the dense layers
+use: that one keeps a second, row-interleaved copy of each weight it meets, keyed by the tensor, and an expert slice
+is a new tensor every call (a copy per call, and all of the experts twice in memory). SiLU-and-mul is whichever
+kernel the same registry picks, chosen once per shape.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ from __future__ import annotations
 import torch
 
 from engine.core.ops.activation import silu_and_mul
-from engine.core.ops.gguf_quant import gguf_linear
 from engine.core.ops.moe import expert_groups
 from engine.core.ops.moe_gguf import fused_moe_gguf, moe_gguf_problem
 
 from ._common import DTYPE_CODE, PRIORITY
+from .gguf import _fused_linear as raw_rows_linear
 
 
 class _Chooser:
@@ -53,9 +55,9 @@ def _fused_moe_gguf(call: _Chooser, x, w13, w13_qtype, w2, w2_qtype, router_logi
     for e, rows, weight in expert_groups(router_logits, top_k, renormalize, w13.shape[0]):
         xe = x[rows]
         n = len(rows)
-        gate_up = call(gguf_linear, (n, w13_qtype, 2 * inter, hidden, x.dtype), xe, w13[e], w13_qtype, hidden)
+        gate_up = raw_rows_linear(xe, w13[e], w13_qtype, hidden)
         h = call(silu_and_mul, (n, inter, x.dtype), gate_up)
-        y = call(gguf_linear, (n, w2_qtype, hidden, inter, x.dtype), h, w2[e], w2_qtype, inter)
+        y = raw_rows_linear(h, w2[e], w2_qtype, inter)
         out.index_add_(0, rows, y.float() * weight)  # a token meets each expert at most once
     return out.to(x.dtype)
 
