@@ -4,36 +4,20 @@ kernels, straight from its blocks.
 Each expert's ``w13[e]`` / ``w2[e]`` is a plain [rows, row bytes] GGUF matrix. Its GEMMs run the fused raw-row kernel
 (blocks decoded in registers, fp32 math; above 64 tokens, dequantize + GEMM), not the packed one the dense layers
 use: that one keeps a second, row-interleaved copy of each weight it meets, keyed by the tensor, and an expert slice
-is a new tensor every call (a copy per call, and all of the experts twice in memory). SiLU-and-mul is whichever
-kernel the same registry picks, chosen once per shape.
+is a new tensor every call (a copy per call, and all of the experts twice in memory). SiLU-and-mul is the native
+kernel.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.core.ops.activation import silu_and_mul
 from engine.core.ops.moe import expert_groups
 from engine.core.ops.moe_gguf import fused_moe_gguf, moe_gguf_problem
 
 from ._common import DTYPE_CODE, PRIORITY
 from .gguf import _fused_linear as raw_rows_linear
-
-
-class _Chooser:
-    """The implementation ``registry`` selects for an op's arguments, kept per key (the arguments' shape and types)
-    and chosen again once kernels are registered since."""
-
-    def __init__(self, registry):
-        self.registry, self.epoch, self.fns = registry, -1, {}
-
-    def __call__(self, op, key, *args):
-        if self.registry.epoch != self.epoch:
-            self.epoch, self.fns = self.registry.epoch, {}
-        fn = self.fns.get((op.name, key))
-        if fn is None:
-            fn = self.fns[(op.name, key)] = self.registry.select(op, args).fn
-        return fn(*args)
+from .small_ops import _silu_and_mul
 
 
 def _supports(x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k, renormalize):
@@ -47,24 +31,20 @@ def _supports(x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k, renormalize
     return True
 
 
-def _fused_moe_gguf(call: _Chooser, x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k, renormalize):
+def _fused_moe_gguf(x, w13, w13_qtype, w2, w2_qtype, router_logits, top_k, renormalize):
     tokens, hidden = x.shape
     inter = w13.shape[1] // 2
     w13, w2 = w13.contiguous(), w2.contiguous()  # expert slices must be dense [rows, row bytes] matrices
     out = torch.zeros((tokens, hidden), dtype=torch.float32)
     for e, rows, weight in expert_groups(router_logits, top_k, renormalize, w13.shape[0]):
-        xe = x[rows]
-        n = len(rows)
-        gate_up = raw_rows_linear(xe, w13[e], w13_qtype, hidden)
-        h = call(silu_and_mul, (n, inter, x.dtype), gate_up)
+        gate_up = raw_rows_linear(x[rows], w13[e], w13_qtype, hidden)
+        h = _silu_and_mul(gate_up)
         y = raw_rows_linear(h, w2[e], w2_qtype, inter)
         out.index_add_(0, rows, y.float() * weight)  # a token meets each expert at most once
     return out.to(x.dtype)
 
 
 def register(registry) -> None:
-    call = _Chooser(registry)
-    registry.register(fused_moe_gguf, lambda *args: _fused_moe_gguf(call, *args), name="native_per_expert",
-                      supports=_supports,
+    registry.register(fused_moe_gguf, _fused_moe_gguf, name="native_per_expert", supports=_supports,
                       priority=PRIORITY, note="tokens grouped by expert; each expert's GEMMs on the native GGUF "
                       "kernels, from its blocks")
