@@ -30,6 +30,7 @@ KERNEL_MODULES = {
     "fused_moe_gguf": ("fused_moe_gguf",),
     "fused_moe_nvfp4": ("fused_moe_nvfp4",),
     "fp8_linear": ("fp8_linear", "fp8_quantize_per_token"),
+    "fp8_gemv": ("fp8_linear",),
     "nvfp4": ("nvfp4_quantize", "nvfp4_linear", "nvfp4_linear_w4a4"),
     "mla": ("mla_decode",),
 }

@@ -528,22 +528,43 @@ def scaled_mm_supports_for(device_type: str, capability=None):
     return supports
 
 
-def register(registry, device_type: str, capability=None) -> None:
-    """``scaled_mm`` (CUDA/HIP, and XPU where torch runs it through oneDNN), ``triton_fp8_gemm`` and ``triton_quant``
-    for tensors on ``device_type``."""
-    native = native_fp8_dtypes(device_type, capability)
-    too_old = device_type == "cuda" and capability is not None and tuple(capability) < (8, 9)
+def _too_old(device_type: str, capability) -> bool:
+    return device_type == "cuda" and capability is not None and tuple(capability) < (8, 9)
 
+
+def _fp8_ok_for(native):
     def fp8_ok(dtype: torch.dtype) -> bool | str:
         if interpreting() or dtype in native:
             return True
         return f"{dtype} is not this device's FP8 flavour (its tensor cores take {[str(d) for d in native]})"
 
-    def gemm_supports(x_q, x_scale, w_q, w_scale, bias, out_dtype):
-        if too_old:
+    return fp8_ok
+
+
+def triton_supports_for(device_type: str, capability=None, lay_verdict=None):
+    """The ``supports`` of a Triton fp8_linear kernel on ``device_type``: a well-formed call in the device's FP8
+    flavour; ``lay_verdict(x_q, (x layout, w layout))`` adds the kernel's own conditions."""
+    fp8_ok = _fp8_ok_for(native_fp8_dtypes(device_type, capability))
+
+    def supports(x_q, x_scale, w_q, w_scale, bias, out_dtype):
+        if _too_old(device_type, capability):
             return f"FP8 tensor cores need compute capability >= 8.9, this device is {tuple(capability)}"
         lay = _operands_verdict(x_q, x_scale, w_q, w_scale, bias, out_dtype, device_type)
-        return lay if isinstance(lay, str) else fp8_ok(x_q.dtype)
+        if isinstance(lay, str):
+            return lay
+        ok = fp8_ok(x_q.dtype)
+        return ok if ok is not True or lay_verdict is None else lay_verdict(x_q, lay)
+
+    return supports
+
+
+def register(registry, device_type: str, capability=None) -> None:
+    """``scaled_mm`` (CUDA/HIP, and XPU where torch runs it through oneDNN), ``triton_fp8_gemm`` and ``triton_quant``
+    for tensors on ``device_type``."""
+    native = native_fp8_dtypes(device_type, capability)
+    too_old = _too_old(device_type, capability)
+    fp8_ok = _fp8_ok_for(native)
+    gemm_supports = triton_supports_for(device_type, capability)
 
     def quant_supports(x, fp8_dtype, group_size):
         if not isinstance(x, torch.Tensor) or x.device.type != device_type:
