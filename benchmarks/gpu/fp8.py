@@ -4,6 +4,7 @@ per-tensor scales measured in the same run; plus the dynamic quantizer against t
 
     python benchmarks/gpu/fp8.py                       # default rows only (short; benchmarks/bench_gpu.py runs it)
     ENGINE_BENCH_SWEEP=1 python benchmarks/gpu/fp8.py  # plus the block-scaled GEMM sweep at 4096 and 8192
+    ENGINE_BENCH_GEMV_SWEEP=1 python benchmarks/gpu/fp8.py  # plus the decode GEMV's tile sweep only
 
 ``run() -> list[dict]``: bench, shape (MxNxK), us (median of triton.testing.do_bench), tflops, peer, peer_us,
 ratio (peer_us / us: above 1 is faster than the peer), goal, met, and max_rel_err (the output against the op's
@@ -36,15 +37,18 @@ class Setup:
     device. FULL is what the benchmark measures; TINY runs the same code in seconds."""
     squares: tuple[tuple[int, int, int], ...] = ((4096, 4096, 4096), (8192, 8192, 8192))
     decode: tuple[int, int, int] = (16, 8192, 8192)
+    gemv: tuple[tuple[int, int, int], ...] = ((1, 4096, 14336), (1, 14336, 4096), (4, 4096, 14336), (1, 6144, 4096))
     quant: tuple[int, int] = (8192, 8192)
     sweep_first: int | None = None  # run only this many configurations of the sweep
     device: str = "cuda"
 
 
 FULL = Setup()
-TINY = Setup(squares=((32, 128, 256),), decode=(4, 64, 256), quant=(4, 256), sweep_first=1,
+TINY = Setup(squares=((32, 128, 256),), decode=(4, 64, 256), gemv=((1, 96, 384), (3, 64, 256)), quant=(4, 256),
+             sweep_first=1,
              device="cuda" if torch.cuda.is_available() else "cpu")
 SWEEP_ON = os.environ.get("ENGINE_BENCH_SWEEP", "") not in ("", "0")  # the tile/variant sweep is opt-in
+GEMV_SWEEP_ON = os.environ.get("ENGINE_BENCH_GEMV_SWEEP", "") not in ("", "0")  # the decode GEMV's tiles alone
 # PREFETCH with DEFER is refused: it computed wrong products on the H200 (fp8_linear.py says more).
 _C = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M, variant flags): BLOCK_K is 128 (one scale block per step)
     (64, 128, 4, 4, 8, ""), (64, 128, 4, 4, 8, "P"), (64, 128, 4, 4, 8, "D"), (64, 128, 4, 4, 8, "TP"),
@@ -137,6 +141,49 @@ def _gemm_rows(m, n, k, gen, sweep: bool, sweep_first: int | None = None) -> lis
     return rows
 
 
+GEMV_GOAL = 1.6  # the FP8 GEMV vs the bf16 weight through cuBLAS (issue 27: an FP8 model decodes >= 1.6x bf16)
+GEMV_SWEEP = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s) for bn, bk, w, s in (
+    (8, 512, 4, 2), (4, 512, 4, 2), (16, 256, 4, 2), (8, 1024, 8, 2), (4, 1024, 4, 3), (16, 512, 8, 2), (2, 1024, 4, 2),
+    (8, 256, 2, 2), (32, 256, 8, 2))]
+
+
+def _gemv_rows(m, n, k, gen, sweep: bool, sweep_first: int | None = None) -> list[dict]:
+    """triton_fp8_gemv (per-token x per-channel, the engine's decode path for such checkpoints; and 128x128 blocks)
+    against the same shape in bf16 through cuBLAS, with _scaled_mm (what decode ran before) beside it."""
+    from engine.platforms.triton_kernels import fp8_gemv as fg
+    from engine.platforms.triton_kernels import fp8_linear as fl
+
+    out = torch.bfloat16
+    x = torch.randn(m, k, generator=gen, device=gen.device).bfloat16()
+    w = (torch.randn(n, k, generator=gen, device=gen.device) * k ** -0.5).bfloat16()
+    peer = "bf16 cuBLAS (x @ w.T)"
+    peer_us = _us(lambda: torch.nn.functional.linear(x, w))
+    rw = _operands(m, n, k, gen, "token", "channel")
+    rows = []
+    err = _rel_err(fl.scaled_mm_linear(*rw, out), rw) if ceilings.on_gpu() else None
+    if err is not None:
+        rows.append(_row("_scaled_mm per-token x per-channel (decode before)", m, n, k,
+                         _us(lambda: fl.scaled_mm_linear(*rw, out)), peer, peer_us, goal=GEMV_GOAL, err=err))
+    cfg = fg.gemv_config(m)
+    rows.append(_row(f"triton_fp8_gemv per-token x per-channel {cfg}", m, n, k,
+                     _us(lambda: fg.fp8_gemv_linear(*rw, out)), peer, peer_us, goal=GEMV_GOAL,
+                     err=_rel_err(fg.fp8_gemv_linear(*rw, out), rw)))
+    blk = _operands(m, n, k, gen, ("block", torch.float8_e4m3fn, (1, 128)), ("block", torch.float8_e4m3fn, (128, 128)))
+    rows.append(_row("triton_fp8_gemv 1x128 x 128x128 blocks", m, n, k, _us(lambda: fg.fp8_gemv_linear(*blk, out)),
+                     peer, peer_us, goal=GEMV_GOAL, err=_rel_err(fg.fp8_gemv_linear(*blk, out), blk)))
+    if sweep:
+        for c in GEMV_SWEEP[:sweep_first]:
+            try:
+                e = _rel_err(fg.fp8_gemv_linear(*rw, out, config=c), rw)
+                us = _us(lambda c=c: fg.fp8_gemv_linear(*rw, out, config=c))
+            except Exception as exc:  # a tile the compiler cannot take (registers)
+                rows.append({"bench": f"gemv sweep {c}", "shape": f"{m}x{n}x{k}", "error": repr(exc)[:200],
+                             "met": False})
+                continue
+            rows.append(_row(f"gemv sweep {c}", m, n, k, us, peer, peer_us, goal=GEMV_GOAL, err=e))
+    return rows
+
+
 def _quant_rows(m, k, gen) -> list[dict]:
     from engine.core.ops.fp8 import quantize_fp8
     from engine.platforms.triton_kernels import fp8_linear as fl
@@ -174,6 +221,9 @@ def run(sweep: bool | None = None, tiny: bool = False) -> list[dict]:
         if s.device == "cuda":
             torch.cuda.empty_cache()
     rows += _gemm_rows(*s.decode, gen, sweep=False)
+    for m, n, k in s.gemv:
+        rows += _gemv_rows(m, n, k, gen, sweep=(SWEEP_ON if sweep is None else sweep) or GEMV_SWEEP_ON,
+                           sweep_first=s.sweep_first)
     rows += _quant_rows(*s.quant, gen)
     return rows
 

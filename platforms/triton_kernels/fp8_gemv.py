@@ -122,9 +122,9 @@ def fp8_gemv_linear(x_q, x_scale, w_q, w_scale, bias, out_dtype, config: dict | 
     cfg = gemv_config(m)
     cfg.update(config or {})
     block_k = cfg["block_k"]
-    if block_k % SCALE_BLOCK:
-        raise ValueError(f"fp8 GEMV block_k must be a multiple of {SCALE_BLOCK}, got {block_k}")
-    block_k = min(block_k, triton.cdiv(k, SCALE_BLOCK) * SCALE_BLOCK)
+    if block_k % SCALE_BLOCK or triton.next_power_of_2(block_k // SCALE_BLOCK) != block_k // SCALE_BLOCK:
+        raise ValueError(f"fp8 GEMV block_k must be {SCALE_BLOCK} times a power of two, got {block_k}")
+    block_k = min(block_k, triton.next_power_of_2(triton.cdiv(k, SCALE_BLOCK)) * SCALE_BLOCK)
     programs = triton.cdiv(n, cfg["block_n"])
     steps = triton.cdiv(k, block_k)
     if "splits" in cfg:

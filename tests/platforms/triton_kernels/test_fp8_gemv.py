@@ -63,8 +63,8 @@ def test_op_cases(registry, case, dtype, seed):
 @pytest.mark.parametrize("wg", list(GRANS))
 def test_every_scale_pairing_and_row_count(m, xg, wg, gen):
     for fp8 in _flavours():
-        # N = 75: a partial row tile; K = 400: a partial last scale block and a partial K step
-        args = _operands(m, 75, 400, xg, wg, fp8, gen, bias_dtype=torch.float32 if m % 2 else None)
+        # N = 75: a partial row tile; K = 400 / 384: a partial last scale block and K step, or 3 whole blocks
+        args = _operands(m, 75, 400 if m % 2 else 384, xg, wg, fp8, gen, bias_dtype=torch.float32 if m % 2 else None)
         _check(args, torch.float32, fg.fp8_gemv_linear(*args, torch.float32))
 
 
@@ -86,8 +86,9 @@ def test_default_split_plan_runs(gen):
 
 def test_block_k_must_hold_whole_scale_blocks(gen):
     args = _operands(1, 8, 256, "row", "row", _flavours()[0], gen)
-    with pytest.raises(ValueError, match="multiple of 128"):
-        fg.fp8_gemv_linear(*args, torch.float32, config=dict(block_k=64))
+    for block_k in (64, 384):
+        with pytest.raises(ValueError, match="128 times a power of two"):
+            fg.fp8_gemv_linear(*args, torch.float32, config=dict(block_k=block_k))
 
 
 def test_empty_and_k_zero(gen):
