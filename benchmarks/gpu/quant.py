@@ -16,6 +16,7 @@ defaults (GEMV_MAX_M, GEMV_*/DOT_* in the kernel modules).
 
     python benchmarks/gpu/quant.py            # default rows only (well under a minute); --json out.json to save
     ENGINE_BENCH_SWEEP=1 python benchmarks/gpu/quant.py   # plus the sweeps (GEMV_SWEEP, DOT_SWEEP, GGUF_SWEEP)
+    ENGINE_BENCH_SWEEP=wide python benchmarks/gpu/quant.py  # the M = 64 sweeps only (DOT_WIDE_SWEEP, GGUF_DOT_SWEEP)
 
 Timing: CUDA-graph replays of one call per rotating weight buffer (ENGINE_BENCH_GRAPHS=0 times eager calls).
 
@@ -40,10 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.gpu import ceilings  # noqa: E402
 
 SHAPES = ((4096, 14336), (14336, 4096))  # weight [N, K]
-NVFP4_MS = (1, 4, 16)
+NVFP4_MS = (1, 4, 16, 64)  # M = 64: a decode step of 64 requests (the tensor-core kernels)
+GGUF_WIDE_M = 64  # GGUF Q4_0 (GPTQ checkpoints load as it) also at this M, on the tensor-core kernel
 # the same rows on small weights: M = 1 runs the NVFP4 GEMV and the dot beside it (and the GEMV sweep), M = 5 the
 # dot alone (and its sweep); the sweeps' first configuration only
-TINY = {"shapes": ((16, 256),), "ms": (1, 5), "copy_numel": 2**16, "sweep_first": 1}
+TINY = {"shapes": ((16, 256),), "ms": (1, 5, GGUF_WIDE_M), "copy_numel": 2**16, "sweep_first": 1}
 GGUF_QTYPES = ((2, "Q4_0"), (8, "Q8_0"))
 GOAL_RATIO = 3.5
 GGUF_GOAL_FRACTION = 0.5  # of the copy bandwidth
@@ -58,6 +60,13 @@ DOT_SWEEP = ([dict(block_n=bn, block_t=bt, num_warps=wp, num_stages=st)
               for bn in (64, 128) for bt in (16, 32) for wp in (4, 8) for st in (2, 3, 4)]
              + [dict(splits=sp) for sp in (1, 4, 8, 16, 32)]
              + [dict(block_n=64, num_warps=4, splits=sp) for sp in (4, 8, 16)])
+# ENGINE_BENCH_SWEEP=wide: only these, at M = 64 (NVFP4: the K-ordered, PTX-decoded tile of M <= 16 widened, against
+# the plane-wise default; GGUF: tiles and K splits of the tensor-core kernel)
+DOT_WIDE_SWEEP = ([dict(block_m=bm, block_n=bn, block_t=bt, num_warps=wp, num_stages=3, korder=True, asm=True,
+                        sblk=True) for bm in (32, 64) for bn in (64, 128) for bt in (16, 32) for wp in (4, 8)]
+                  + [dict(splits=sp) for sp in (1, 2, 4, 8)])
+GGUF_DOT_SWEEP = ([dict(block_n=bn, block_b=bb, num_warps=wp) for bn in (64, 128) for bb in (2, 4) for wp in (4, 8)]
+                  + [dict(splits=sp) for sp in (1, 2, 4, 8)])
 GGUF_SWEEP = ([dict(block_n=bn, block_b=bb, num_warps=wp) for bn in (4, 8, 16) for bb in (64, 128, 256)
                for wp in (4, 8)]
               + [dict(splits=sp) for sp in (1, 2, 4, 8)] + [dict(splits=sp, num_warps=8) for sp in (2, 4)])
@@ -191,7 +200,11 @@ def run(tune: bool | None = None, device: str = "cuda", tiny: bool = False) -> l
         shapes, ms, copy_numel, first = TINY["shapes"], TINY["ms"], TINY["copy_numel"], TINY["sweep_first"]
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if tune is None:
-        tune = os.environ.get("ENGINE_BENCH_SWEEP", "0") not in ("", "0")
+        env = os.environ.get("ENGINE_BENCH_SWEEP", "0")
+        tune = "wide" if env == "wide" else env not in ("", "0")
+    wide = tune == "wide"  # the M = 64 sweeps only
+    if wide:
+        tune = False
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("benchmarks/gpu/quant.py needs a CUDA GPU")
     from engine.core.ops.gguf_quant import _gguf_linear_ref
@@ -244,8 +257,8 @@ def run(tune: bool | None = None, device: str = "cuda", tiny: bool = False) -> l
                     rows += _tune_rows("nvfp4_w4a16[gemv]", f"M={m} {shape_w}",
                                        functools.partial(_nvfp4_calls, nmod, x, wq, "gemv"), GEMV_SWEEP[:first],
                                        peer_us, nvfp4_bytes, ref)
-            if tune and m > 1:
-                configs = DOT_SWEEP[:first]
+            if (tune and m > 1) or (wide and m > 16):
+                configs = (DOT_WIDE_SWEEP if wide else DOT_SWEEP)[:first]
                 rows += _tune_rows("nvfp4_w4a16[dot]", f"M={m} {shape_w}",
                                    functools.partial(_nvfp4_calls, nmod, x, wq, "dot"), configs, peer_us, nvfp4_bytes,
                                    ref)
@@ -268,6 +281,18 @@ def run(tune: bool | None = None, device: str = "cuda", tiny: bool = False) -> l
                 rows += _tune_rows(f"gguf_{qname.lower()}_gemv", f"M=1 {shape_w}",
                                    functools.partial(_gguf_calls, gmod, x, raws, qtype, k, "gemv"), configs,
                                    peer_us_by_m[1], raw_bytes)
+            if qtype == 2 and GGUF_WIDE_M in peer_us_by_m:  # Q4_0 at M = 64: the tensor-core kernel
+                xw = torch.randn((GGUF_WIDE_M, k), device=dev, dtype=torch.bfloat16, generator=gen)
+                _check(f"gguf {qname} M={GGUF_WIDE_M} {shape_w}", gmod.linear(xw, raws[0], qtype, k),
+                       _gguf_linear_ref(xw, raws[0], qtype, k), 2e-2)
+                us = _rotating(_gguf_calls(gmod, xw, raws, qtype, k, None, None))
+                rows.append(_row(f"gguf_{qname.lower()}_dot", f"M={GGUF_WIDE_M} {shape_w}", us, raw_bytes,
+                                 "cuBLAS bf16 F.linear", peer_us_by_m[GGUF_WIDE_M], "info: >= 1 (bf16 speed)",
+                                 peer_us_by_m[GGUF_WIDE_M] / us >= 1))
+                if wide or tune:
+                    rows += _tune_rows(f"gguf_{qname.lower()}_dot", f"M={GGUF_WIDE_M} {shape_w}",
+                                       functools.partial(_gguf_calls, gmod, xw, raws, qtype, k, "dot"),
+                                       GGUF_DOT_SWEEP[:first], peer_us_by_m[GGUF_WIDE_M], raw_bytes)
             raws = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -35,6 +35,7 @@ from engine.core.ops.gguf_quant import (
 from engine.platforms.triton_kernels import interpreting, sm_count
 from engine.platforms.triton_kernels.gguf_values import f16_at as _f16_at
 from engine.platforms.triton_kernels.nvfp4 import gemv_plan as nvfp4_gemv_plan
+from engine.platforms.triton_kernels.nvfp4 import split_plan as nvfp4_split_plan
 from engine.platforms.triton_kernels.nvfp4 import splitk_reduce
 
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -54,6 +55,9 @@ DOT_BLOCK_N = 128
 DOT_BLOCK_B = 4  # GGUF blocks (of 32) per K step of the tensor-core kernel
 DOT_WARPS = 8
 DOT_STAGES = 3
+# Tensor-core programs wanted per SM before split-K stops adding splits: at 64 rows of x the 8B shapes made 32 programs
+# (N / 128) for 132 SMs, and a GPTQ model decoded 64 requests at 0.29x bf16 on an H100 (session 19)
+DOT_PROGRAMS_PER_SM = 4
 DEQUANT_BLOCK_N = 16
 DEQUANT_BLOCK_B = 16
 PROGRAMS_PER_SM = 8  # split K when N / BLOCK_N programs would give fewer per SM: 4096 x 14336 Q4_0 ran 512
@@ -229,11 +233,16 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, M, N, NB, stride_xm, stride_wn
 
 
 @triton.jit
-def _dot_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, stride_xm, stride_wn, stride_om, QTYPE: tl.constexpr,
-                BLOCK_BYTES: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_B: tl.constexpr):
+def _dot_kernel(x_ptr, w_ptr, out_ptr, part_ptr, M, N, NB, stride_xm, stride_wn, stride_om, blocks_per_split,
+                QTYPE: tl.constexpr, BLOCK_BYTES: tl.constexpr, INTERPRET: tl.constexpr, SPLIT: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Tensor cores, swap AB, over GGUF blocks pid_k * blocks_per_split ..; with SPLIT, fp32 partials go to part_ptr
+    [splits, M, N] (summed by one reduction launch)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    b_start = pid_k * blocks_per_split
+    b_end = tl.minimum(b_start + blocks_per_split, NB)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     bb = tl.arange(0, BLOCK_B)
@@ -243,9 +252,9 @@ def _dot_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, stride_xm, stride_wn, stride_om
     x_cols = x_ptr + ms.to(tl.int64)[None, :] * stride_xm  # [1, BM]
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for b0 in range(0, NB, BLOCK_B):
+    for b0 in range(b_start, b_end, BLOCK_B):
         blks = b0 + bb
-        bmask = blks < NB
+        bmask = blks < b_end
         mask2 = rmask[:, None] & bmask[None, :]
         mask3 = mask2[:, :, None]
         base = w_rows + blks[None, :] * BLOCK_BYTES
@@ -256,7 +265,7 @@ def _dot_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, stride_xm, stride_wn, stride_om
             q = ((u ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0  # int8 q, exactly
             w = tl.reshape(q * d[:, :, None], [BLOCK_N, BLOCK_B * 32]).to(dt)
             c = tl.arange(0, BLOCK_B * 32)
-            xmask = ((b0 * 32 + c) < NB * 32)[:, None] & mmask[None, :]
+            xmask = ((b0 * 32 + c) < b_end * 32)[:, None] & mmask[None, :]
             xt = tl.load(x_cols + b0 * 32 + c[:, None], mask=xmask, other=0.0)  # x^T [BB*32, BM]
             if INTERPRET:  # the interpreter's bf16 dot is wrong; fp32 tiles give the right answer
                 acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc)
@@ -271,7 +280,7 @@ def _dot_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, stride_xm, stride_wn, stride_om
             wl = tl.reshape(wl, [BLOCK_N, BLOCK_B * 16]).to(dt)
             wh = tl.reshape(wh, [BLOCK_N, BLOCK_B * 16]).to(dt)
             c = tl.arange(0, BLOCK_B * 16)  # low-nibble element c is column 32 * (c // 16) + c % 16 of the step
-            xmask = ((b0 * 16 + c) < NB * 16)[:, None] & mmask[None, :]
+            xmask = ((b0 * 16 + c) < b_end * 16)[:, None] & mmask[None, :]
             xp = x_cols + b0 * 32 + (32 * (c // 16) + c % 16)[:, None]
             xl = tl.load(xp, mask=xmask, other=0.0)
             xh = tl.load(xp + 16, mask=xmask, other=0.0)
@@ -284,8 +293,12 @@ def _dot_kernel(x_ptr, w_ptr, out_ptr, M, N, NB, stride_xm, stride_wn, stride_om
             else:
                 acc = tl.dot(wl, xl, acc)
                 acc = tl.dot(wh, xh, acc)
-    tl.store(out_ptr + ms.to(tl.int64)[None, :] * stride_om + rows[:, None], acc.to(out_ptr.dtype.element_ty),
-             mask=rmask[:, None] & mmask[None, :])
+    omask = rmask[:, None] & mmask[None, :]
+    if SPLIT:
+        tl.store(part_ptr + (pid_k * M + ms.to(tl.int64))[None, :] * N + rows[:, None], acc, mask=omask)
+    else:
+        tl.store(out_ptr + ms.to(tl.int64)[None, :] * stride_om + rows[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=omask)
 
 
 def gemv_plan(n: int, nblocks: int, sms: int, block_n: int = None, block_b: int = None, splits: int | None = None):
@@ -345,10 +358,21 @@ def linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int, *, kernel:
         return out.view(*lead, n)
     dc = dot_config(m, x.dtype, qtype)
     dc.update(cfg)
-    _dot_kernel[(triton.cdiv(n, dc["block_n"]), triton.cdiv(m, dc["block_m"]))](
-        x2, raw, out, m, n, nb, x2.stride(0), raw.stride(0), out.stride(0), QTYPE=qtype, BLOCK_BYTES=block_bytes,
-        INTERPRET=interpreting(), BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"], BLOCK_B=dc["block_b"],
-        num_warps=dc["num_warps"], num_stages=dc["num_stages"])
+    programs = triton.cdiv(n, dc["block_n"]) * triton.cdiv(m, dc["block_m"])
+    steps = triton.cdiv(nb, dc["block_b"])
+    if "splits" in dc:
+        per_split = triton.cdiv(steps, max(1, min(int(dc["splits"]), steps))) * dc["block_b"]
+        splits = triton.cdiv(nb, per_split)
+    else:
+        splits, per_split = nvfp4_split_plan(programs, steps, dc["block_b"], dc.get(
+            "sms", sm_count(x.device, INTERPRETER_SMS)), DOT_PROGRAMS_PER_SM)
+    part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    _dot_kernel[(triton.cdiv(n, dc["block_n"]), triton.cdiv(m, dc["block_m"]), splits)](
+        x2, raw, out, part, m, n, nb, x2.stride(0), raw.stride(0), out.stride(0), per_split, QTYPE=qtype,
+        BLOCK_BYTES=block_bytes, INTERPRET=interpreting(), SPLIT=splits > 1, BLOCK_M=dc["block_m"],
+        BLOCK_N=dc["block_n"], BLOCK_B=dc["block_b"], num_warps=dc["num_warps"], num_stages=dc["num_stages"])
+    if splits > 1:
+        splitk_reduce(part, None, out)
     return out.view(*lead, n)
 
 

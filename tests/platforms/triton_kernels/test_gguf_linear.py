@@ -129,6 +129,20 @@ def test_gemv_split_k(qtype, seed):
                                    atol=tol.atol, rtol=tol.rtol)
 
 
+@pytest.mark.parametrize("qtype", QTYPES, ids=QNAME.get)
+def test_dot_split_k(qtype, seed):
+    """The tensor-core kernel over K in pieces (fp32 partials, one reduction): the default plan on few programs, and
+    forced splits that leave a short last piece (K = 1,600: 50 blocks)."""
+    n, k = 40, 1600
+    for m, dtype, splits in ((9, torch.float32, None), (20, torch.bfloat16, None), (33, torch.bfloat16, 3),
+                             (5, torch.float32, 7)):
+        x, raw, q, _ = _linear_inputs({"qtype": qtype, "m": m, "n": n, "k": k}, dtype, DEVICE, _gen(seed))
+        tol = gguf_linear.tolerances[dtype]
+        cfg = None if splits is None else {"splits": splits}
+        torch.testing.assert_close(kmod.linear(x, raw, q, k, kernel="dot", config=cfg),
+                                   _gguf_linear_ref(x, raw, q, k), atol=tol.atol, rtol=tol.rtol)
+
+
 def test_odd_storage_offset(seed):
     """Raw bytes viewed at an odd offset cannot be read as 16-bit words: copied, not misread."""
     x, raw, q, k = _linear_inputs({"qtype": Q4_0, "m": 1, "n": 5, "k": 64}, torch.float32, DEVICE, _gen(seed))
