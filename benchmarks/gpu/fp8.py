@@ -4,7 +4,7 @@ per-tensor scales measured in the same run; plus the dynamic quantizer against t
 
     python benchmarks/gpu/fp8.py                       # default rows only (short; benchmarks/bench_gpu.py runs it)
     ENGINE_BENCH_SWEEP=1 python benchmarks/gpu/fp8.py  # plus the block-scaled GEMM sweep at 4096 and 8192
-    ENGINE_BENCH_GEMV_SWEEP=1 python benchmarks/gpu/fp8.py  # plus the decode GEMV's tile sweep only
+    ENGINE_BENCH_GEMV_SWEEP=1 python benchmarks/gpu/fp8.py [--gemv-only]  # plus the decode GEMV's tile sweep
 
 ``run() -> list[dict]``: bench, shape (MxNxK), us (median of triton.testing.do_bench), tflops, peer, peer_us,
 ratio (peer_us / us: above 1 is faster than the peer), goal, met, and max_rel_err (the output against the op's
@@ -204,9 +204,9 @@ def _quant_rows(m, k, gen) -> list[dict]:
     return rows
 
 
-def run(sweep: bool | None = None, tiny: bool = False) -> list[dict]:
+def run(sweep: bool | None = None, tiny: bool = False, gemv_only: bool = False) -> list[dict]:
     """The rows above (``sweep``, default ENGINE_BENCH_SWEEP, adds the block-scaled GEMM sweep at the squares;
-    ``tiny``: at ``TINY``, with the sweep's first configuration)."""
+    ``tiny``: at ``TINY``, with the sweep's first configuration; ``gemv_only``: the decode GEMV's rows alone)."""
     s = TINY if tiny else FULL
     if s.device == "cuda":
         if not torch.cuda.is_available():
@@ -216,20 +216,22 @@ def run(sweep: bool | None = None, tiny: bool = False) -> list[dict]:
             raise RuntimeError(f"FP8 needs compute capability >= 8.9, this GPU is {cap}")
     gen = torch.Generator(device=s.device).manual_seed(0)
     rows = []
-    for m, n, k in s.squares:
+    for m, n, k in () if gemv_only else s.squares:
         rows += _gemm_rows(m, n, k, gen, sweep=SWEEP_ON if sweep is None else sweep, sweep_first=s.sweep_first)
         if s.device == "cuda":
             torch.cuda.empty_cache()
-    rows += _gemm_rows(*s.decode, gen, sweep=False)
+    if not gemv_only:
+        rows += _gemm_rows(*s.decode, gen, sweep=False)
     for m, n, k in s.gemv:
         rows += _gemv_rows(m, n, k, gen, sweep=(SWEEP_ON if sweep is None else sweep) or GEMV_SWEEP_ON,
                            sweep_first=s.sweep_first)
-    rows += _quant_rows(*s.quant, gen)
+    if not gemv_only:
+        rows += _quant_rows(*s.quant, gen)
     return rows
 
 
 if __name__ == "__main__":
-    result = run(tiny="--tiny" in sys.argv)
+    result = run(tiny="--tiny" in sys.argv, gemv_only="--gemv-only" in sys.argv)
     keys = list(dict.fromkeys(k for r in result for k in r))
     print("| " + " | ".join(keys) + " |")
     for r in result:

@@ -50,6 +50,7 @@ class Sequence:
         self.spec_backoff = 0
         self.spec_misses = 0
         self.spec_limit = 0  # most drafts to propose next (0: the table's k); see speculator._adapt
+        self.spec_acceptance: float | None = None  # running share of its drafts accepted (None: never drafted)
 
     @property
     def token_ids(self) -> list[int]:

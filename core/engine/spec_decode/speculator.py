@@ -36,16 +36,26 @@ def can_speculate(seq: Sequence) -> bool:
 
 
 MAX_BACKOFF = 16
+# With other sequences in the step, a sequence keeps drafting only while this share of its drafts (a running mean,
+# each verify weighing half) is accepted. Alone, a step's extra rows are nearly free (memory-bound); beside others
+# each draft row costs about what a decoded token does (on 2 CPU cores the linear layers are compute-bound from
+# ~4 rows: 6.9 ms at M = 4, 23.8 ms at M = 20), so a draft must be accepted about as often as not to pay. Measured
+# (session 19): repetitive text accepts ~0.9 of n-gram drafts, free chat far less, and chat at batch 4 lost 16-30%.
+ACCEPTANCE_GATE = 0.5
 
 
-def _adapt(seq: Sequence, drafted: int, accepted: int) -> None:
+def _adapt(seq: Sequence, drafted: int, accepted: int, batch_size: int = 1) -> None:
     """After a verify of ``drafted`` drafts that accepted ``accepted``: the next draft is at most accepted + 1 long
-    when some were rejected, twice as long when all were taken (the table's k caps it); and after m consecutive
-    drafts rejected outright, skip drafting for min(2^m, MAX_BACKOFF) decode steps. Rejected drafts cost forward
-    rows for nothing (free chat, where n-gram lookup finds stale matches), while copying keeps hitting: one
-    accepted draft resets the back-off, a fully accepted one lets the length grow back."""
+    when some were rejected, twice as long when all were taken (the table's k caps it). A miss (drafts rejected
+    outright; with ``batch_size`` > 1 also a running acceptance below ACCEPTANCE_GATE) after m consecutive misses
+    skips drafting for min(2^m, MAX_BACKOFF) decode steps. Rejected drafts cost forward rows for nothing (free chat,
+    where n-gram lookup finds stale matches), while copying keeps hitting: a verify that is no miss resets the
+    back-off, a fully accepted one lets the length grow back."""
     seq.spec_limit = 2 * drafted if accepted == drafted else accepted + 1
-    if accepted:
+    rate = accepted / drafted
+    prev = seq.spec_acceptance
+    seq.spec_acceptance = rate if prev is None else 0.5 * (prev + rate)
+    if accepted and (batch_size <= 1 or seq.spec_acceptance >= ACCEPTANCE_GATE):
         seq.spec_misses = 0
     else:
         seq.spec_misses += 1
@@ -162,7 +172,7 @@ class Speculator:
         updates = [_merge(u) for u in per_seq.values()]
         for seq in sampled_seqs:
             if seq.seq_id in drafts:
-                _adapt(seq, len(drafts[seq.seq_id]), len(emitted[seq.seq_id]) - 1)
+                _adapt(seq, len(drafts[seq.seq_id]), len(emitted[seq.seq_id]) - 1, self._batch_size)
         drafted = sum(len(d) for d in drafts.values())
         accepted = sum(len(emitted[i]) - 1 for i in drafts)
         self.stats.record(self._batch_size, self._k, drafted, accepted, sum(len(e) for e in emitted.values()))
