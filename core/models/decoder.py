@@ -8,6 +8,7 @@ import dataclasses
 
 import torch
 
+from engine.core.ops.comm import all_reduce
 from engine.core.ops.gguf_quant import GGUF_QTYPES
 from engine.core.ops.norm import fused_add_rms_norm, rms_norm
 from engine.core.ops.registry import CallSite
@@ -24,8 +25,13 @@ from .weights import QuantizedWeight, to_device
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: dict, i: int, cos_sin: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, w: dict, i: int, cos_sin: torch.Tensor, dtype: torch.dtype,
+                 tensor_parallel: bool = False):
         p = f"model.layers.{i}."
+        # a tensor-parallel rank's attention and MLP outputs are partial sums (row-parallel o / down): summed over
+        # the ranks before the residual add
+        self.reduce_attn, self.reduce_mlp = (CallSite(all_reduce), CallSite(all_reduce)) if tensor_parallel else (
+            None, None)
         self.eps = cfg.rms_norm_eps
         self.input_norm = w[p + "input_layernorm.weight"]
         self.post_norm = w[p + "post_attention_layernorm.weight"]
@@ -43,8 +49,13 @@ class DecoderLayer:
         else:
             x, residual = self.add_norm_in(key, x, residual, self.input_norm, self.eps)
         x = self.attn(key, x, batch, kv)
+        if self.reduce_attn is not None:
+            x = self.reduce_attn(key, x)
         x, residual = self.add_norm_post(key, x, residual, self.post_norm, self.eps)
-        return self.mlp(key, x), residual
+        x = self.mlp(key, x)
+        if self.reduce_mlp is not None:
+            x = self.reduce_mlp(key, x)
+        return x, residual
 
 
 class DecoderModel:
@@ -54,10 +65,12 @@ class DecoderModel:
     [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype, or for MLA one latent cache per layer
     (ModelConfig.kv_cache_layout). With ``quantize_activations`` every
     GGUF-quantized matrix multiplies activations rounded to Q8 blocks (ops.gguf_linear_q8act, llama.cpp's CPU
-    arithmetic); otherwise activations stay in ``dtype`` (ops.gguf_linear). Weights are moved to ``device``."""
+    arithmetic); otherwise activations stay in ``dtype`` (ops.gguf_linear). Weights are moved to ``device``.
+    ``tensor_parallel``: ``cfg`` and ``weights`` are one rank's share (tensor_parallel.shard_model) and each layer
+    all-reduces its attention and MLP outputs over the default process group (ops.all_reduce)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict, dtype: torch.dtype = torch.float32, device="cpu",
-                 quantize_activations: bool = False):
+                 quantize_activations: bool = False, tensor_parallel: bool = False):
         if cfg.arch not in SUPPORTED_ARCHS.values():
             raise ValueError(f"unsupported architecture {cfg.arch!r}; supported: {sorted(SUPPORTED_ARCHS)}")
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
@@ -73,7 +86,7 @@ class DecoderModel:
         cos_sin = build_cos_sin_cache(cfg.max_position, cfg.rotary_dim, cfg.rope_theta, torch.float32,
                                       cfg.rope_scaling, device=self.device)
         self.embed_tokens = weights["model.embed_tokens.weight"]
-        self.layers = [DecoderLayer(cfg, weights, i, cos_sin, dtype) for i in range(cfg.num_layers)]
+        self.layers = [DecoderLayer(cfg, weights, i, cos_sin, dtype, tensor_parallel) for i in range(cfg.num_layers)]
         self.norm = weights["model.norm.weight"]
         self.lm_head = weights.get("lm_head.weight", self.embed_tokens if cfg.tie_word_embeddings else None)
         if self.lm_head is None:
