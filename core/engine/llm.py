@@ -73,6 +73,9 @@ class LLM:
     ``{"method": "ngram", "num_speculative_tokens_per_batch_size": {1: 4, 8: 2, 32: 0}}``.
     ``async_scheduling``: overlap each step's host work with the device's work on the step before (see
     LLMEngine); None: where the platform says it pays (``Platform.async_scheduling``).
+    ``tensor_parallel_size``: split the model over that many ranks, one process each (this one is rank 0; the
+    others are started here and stopped by ``close()``), collectives over the platform's ``dist_backend``
+    (engine/tensor_parallel.py). Dense decoders; decode graphs are off.
     """
 
     def __init__(self, model: str | None = None, *, dtype: torch.dtype | str = "float32",
@@ -81,7 +84,8 @@ class LLM:
                  kv_cache_bytes: int | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 1024,
                  enable_prefix_caching: bool = True, dequantize: bool = False, activation_quant: str = "none",
                  gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
-                 speculative_config: dict | None = None, async_scheduling: bool | None = None):
+                 speculative_config: dict | None = None, async_scheduling: bool | None = None,
+                 tensor_parallel_size: int = 1):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
@@ -97,9 +101,17 @@ class LLM:
         if self.platform.memory_sized_kv_cache:
             free, total = self.platform.memory_info(device.index or 0)
             budget = check_weights_fit(weights_bytes, free, total, gpu_memory_utilization, str(device))
-        with _one_host_thread():
-            self.model = DecoderModel(ckpt.config, ckpt.weights, dtype, device,
-                                      quantize_activations=self.activation_quant == "q8")
+        if not isinstance(tensor_parallel_size, int) or isinstance(tensor_parallel_size, bool) or (
+                tensor_parallel_size < 1):
+            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
+        self.tensor_parallel_size = tensor_parallel_size
+        q8 = self.activation_quant == "q8"
+        if tensor_parallel_size > 1:
+            self.model = _tensor_parallel_model(self.platform, ckpt, model, dtype, dequantize, q8, device,
+                                                tensor_parallel_size)
+        else:
+            with _one_host_thread():
+                self.model = DecoderModel(ckpt.config, ckpt.weights, dtype, device, quantize_activations=q8)
         del ckpt
         self.max_model_len = min(max_model_len or self.config.max_position, self.config.max_position)
         block_bytes = kv_bytes_per_token(self.config, dtype) * block_size
@@ -112,7 +124,9 @@ class LLM:
             check_kv_fits(num_kv_blocks, block_size, self.config, dtype, budget, weights_bytes, str(device))
         self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
         self.runner = ModelRunner(self.model, num_kv_blocks, block_size, self.platform)
-        if self.platform.device_graphs and not enforce_eager:
+        if tensor_parallel_size > 1:
+            self.model.start_kv(num_kv_blocks, block_size)
+        elif self.platform.device_graphs and not enforce_eager:  # a captured step would not reach the other ranks
             cap = self.platform.graph_max_batch
             self.runner.enable_graphs(self.platform, self.max_model_len,
                                       max_num_seqs if cap is None else min(max_num_seqs, cap))
@@ -206,6 +220,12 @@ class LLM:
         finally:
             self.block_manager.free(seq)
 
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes (tensor_parallel_size > 1; a no-op otherwise). The LLM cannot
+        generate afterwards. Workers are daemons: they also end with this process."""
+        if self.tensor_parallel_size > 1:
+            self.model.close()
+
     def chat_prompt(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
@@ -214,6 +234,24 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self.tokenizer.encode(self.chat_prompt(c), add_special_tokens=False) for c in convs]
         return self.generate(prompts, sampling_params)
+
+
+def _tensor_parallel_model(platform, ckpt, model_arg, dtype, dequantize: bool, q8: bool, device, world: int):
+    """Rank 0's share of ``ckpt`` and the worker ranks that hold the rest (engine/tensor_parallel.py)."""
+    from engine.core.models.tensor_parallel import shard_model
+
+    from . import tensor_parallel
+
+    shard_model(ckpt.config, {}, 0, world)  # the model's shape refused here, before any process starts
+    build = {"platform": platform.name, "model": model_arg, "dtype": dtype, "dequantize": dequantize,
+             "quantize_activations": q8}
+
+    def rank0(rank: int, size: int) -> DecoderModel:
+        cfg, weights = shard_model(ckpt.config, ckpt.weights, rank, size)
+        with _one_host_thread():
+            return DecoderModel(cfg, weights, dtype, device, quantize_activations=q8, tensor_parallel=True)
+
+    return tensor_parallel.start(build, world, platform, rank0)
 
 
 def _is_token_list(x) -> bool:
