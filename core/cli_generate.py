@@ -31,6 +31,9 @@ def add_model_arguments(p) -> None:
                    help="GPU platforms: fraction of the device's memory for weights, activations and KV cache")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no decode graphs (CUDA graphs on GPUs, recorded kernel calls on CPUs)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split the model over N ranks, one process each (dense decoders; gloo on CPUs, NCCL on "
+                        "GPUs: one device a rank)")
     p.add_argument("--chat-template", type=chat_template_option, default=None, metavar="FILE_OR_TEXT",
                    help="the chat template to use instead of the model's: a Jinja file, or the template itself")
     p.add_argument("--speculative-config", type=speculative_config, default=None, metavar="JSON",
@@ -104,7 +107,8 @@ def llm_kwargs(args) -> dict:
     """LLM's keyword arguments for the model options (the platform aside)."""
     return dict(model=args.model, dtype=args.dtype, activation_quant=args.activation_quant,
                 gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-                speculative_config=getattr(args, "speculative_config", None))
+                speculative_config=getattr(args, "speculative_config", None),
+                tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))
 
 
 def load_llm(args, **kwargs):

@@ -66,6 +66,10 @@ def run(args) -> int:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.data_parallel_size < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    if args.tensor_parallel_size < 1:
+        raise ValueError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
+    if args.data_parallel_size > 1 and args.tensor_parallel_size > 1:
+        raise ValueError("--data-parallel-size with --tensor-parallel-size is not supported yet: choose one")
     if args.key_health_and_metrics and not args.api_key:
         raise ValueError("--key-health-and-metrics needs --api-key (or $ENGINE_API_KEY): there is no key to require")
     ssl_options = tls.uvicorn_options(args)

@@ -95,3 +95,24 @@ def test_speculative_config_drafts_and_keeps_the_greedy_tokens():
     plain = load_llm(build_parser().parse_args(["generate", "x"]))
     assert plain.engine.speculator is None
     assert plain.generate([prompt], params)[0].outputs[0].token_ids == drafted
+
+
+@pytest.mark.usefixtures("default_model")
+def test_tensor_parallel_size_from_the_command_line():
+    """--tensor-parallel-size 2 through the CLI's own loader: two ranks, the same greedy tokens; sizes the model
+    cannot take are one clear line."""
+    from engine.core.cli import build_parser
+    from engine.core.cli_generate import load_llm
+    from engine.core.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=12)
+    llm = load_llm(build_parser().parse_args(["generate", "--tensor-parallel-size", "2", "x"]))
+    try:
+        assert llm.tensor_parallel_size == 2 and len(llm.model.workers) == 1
+        tp = llm.generate(["The capital of France is"], params)[0].outputs[0].token_ids
+    finally:
+        llm.close()
+    plain = load_llm(build_parser().parse_args(["generate", "x"]))
+    assert plain.generate(["The capital of France is"], params)[0].outputs[0].token_ids == tp
+    _one_clear_line(["generate", "--tensor-parallel-size", "5", "hi"], "more than the model's 3 KV heads")
+    _one_clear_line(["generate", "--tensor-parallel-size", "0", "hi"], "tensor_parallel_size must be an int >= 1")

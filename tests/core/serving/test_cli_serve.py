@@ -145,6 +145,28 @@ def test_the_server_exits_non_zero_when_the_engine_loop_dies(capsys):
 
 
 @pytest.mark.usefixtures("default_model")
+def test_tensor_parallel_serve_answers_and_stops():
+    """--tensor-parallel-size 2: the server's engine is rank 0 of two; SIGTERM stops it and its worker, exit 0."""
+    port, proc = _serve("--tensor-parallel-size", "2", "--max-model-len", "256", "--served-model-name", "tiny",
+                        "--log-level", "warning")
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        r = client.chat.completions.create(model="tiny", messages=question, temperature=0, max_tokens=16)
+        assert "Paris" in r.choices[0].message.content
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+def test_data_parallel_with_tensor_parallel_is_refused_before_loading():
+    proc = subprocess.run([sys.executable, "-m", "engine.core.cli", "serve", "--port", "0", "--data-parallel-size",
+                           "2", "--tensor-parallel-size", "2"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "choose one" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.usefixtures("default_model")
 def test_data_parallel_serve_answers_and_stops(tmp_path):
     """Two engine processes; chat prompts rendered in the API server with --chat-template (Qwen3's real one, whose
     prompt closes the <think> block when a request turns thinking off), so the deepseek_r1 reasoning parser, which
