@@ -215,8 +215,9 @@ class LLM:
         try:
             seq.num_computed_tokens = 0  # recompute prefix-cache hits too: every position's logits are wanted
             ids, batch, _ = self.runner.build_batch([(seq, len(seq))])
+            batch.logits_indices = torch.arange(len(seq), device=ids.device)  # every row (tensor-parallel ranks too)
             hidden = self.model.forward(ids, batch, self.runner.kv_caches)
-            return self.model.logits(hidden)
+            return self.model.logits(hidden[batch.logits_indices])
         finally:
             self.block_manager.free(seq)
 
@@ -249,7 +250,7 @@ def _tensor_parallel_model(platform, ckpt, model_arg, dtype, dequantize: bool, q
     def rank0(rank: int, size: int) -> DecoderModel:
         cfg, weights = shard_model(ckpt.config, ckpt.weights, rank, size)
         with _one_host_thread():
-            return DecoderModel(cfg, weights, dtype, device, quantize_activations=q8, tensor_parallel=True)
+            return DecoderModel(cfg, weights, dtype, device, quantize_activations=q8, tensor_parallel=(rank, size))
 
     return tensor_parallel.start(build, world, platform, rank0)
 

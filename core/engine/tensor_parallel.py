@@ -4,9 +4,10 @@ Rank 0 is the engine process itself: it schedules, samples and detokenizes as al
 (core/models/tensor_parallel.py). Ranks 1..N-1 are worker processes it starts (multiprocessing "spawn"), each
 holding its share of the weights and of the KV cache (the same blocks, its own heads). Every forward pass on rank 0
 first broadcasts the step (a small header, then one int64 tensor holding ids, positions, slots, block tables,
-sequence lengths and query offsets); every rank then runs the same forward, and the layers' all-reduces
-(ops.all_reduce over the platform's ``dist_backend``: gloo on CPUs) make the ranks' partial sums whole. Only rank 0
-computes logits (the LM head is whole on every rank).
+sequence lengths, query offsets and the rows whose logits are wanted); every rank then runs the same forward, and
+the layers' all-reduces (ops.all_reduce over the platform's ``dist_backend``: gloo on CPUs) make the ranks' partial
+sums whole. Every rank computes its vocabulary slice of the wanted rows' logits (``batch.logits_indices``: the
+caller must ask for exactly those rows), which an all-gather joins on every rank.
 
 Failures end in an error, not a hang: a worker that cannot load its share reports why before the group forms; a
 worker found dead before a step is named with its exit code; collectives time out after ``TIMEOUT``.
@@ -51,7 +52,7 @@ def _load_share(build: dict, rank: int, world: int):
     ckpt = load_checkpoint(build["model"], dtype=build["dtype"], dequantize=build["dequantize"])
     cfg, weights = shard_model(ckpt.config, ckpt.weights, rank, world)
     model = DecoderModel(cfg, weights, build["dtype"], platform.device(), build["quantize_activations"],
-                         tensor_parallel=True)
+                         tensor_parallel=(rank, world))
     return model, platform
 
 
@@ -78,7 +79,9 @@ def worker_main(rank: int, world: int, port: int, build: dict, env: dict, cores:
         with torch.inference_mode():
             while (header := _recv_header()) is not None:
                 ids, batch = _recv_step(header, model.device)
-                model.forward(ids, batch, kv)
+                hidden = model.forward(ids, batch, kv)
+                if batch.logits_indices.numel():  # rank 0 asks for these rows' logits: the vocab slices gather
+                    model.logits(hidden[batch.logits_indices])
     finally:
         dist.destroy_process_group()
 
@@ -95,21 +98,22 @@ def _send_header(header) -> None:
 
 def _pack(ids: torch.Tensor, batch: ForwardBatch) -> tuple[tuple, torch.Tensor]:
     parts = (ids, batch.positions, batch.slot_mapping, batch.block_tables.reshape(-1), batch.seq_lens,
-             batch.cu_seqlens_q)
-    header = (ids.shape[0], tuple(batch.block_tables.shape), batch.seq_lens.shape[0], batch.is_decode)
+             batch.cu_seqlens_q, batch.logits_indices)
+    header = (ids.shape[0], tuple(batch.block_tables.shape), batch.seq_lens.shape[0], batch.is_decode,
+              batch.logits_indices.shape[0])
     return header, torch.cat([p.to(torch.int64) for p in parts])
 
 
 def _recv_step(header, device) -> tuple[torch.Tensor, ForwardBatch]:
-    t, table_shape, b, is_decode = header
+    t, table_shape, b, is_decode, n_logits = header
     w = table_shape[0] * table_shape[1]
-    flat = torch.empty(3 * t + w + 2 * b + 1, dtype=torch.int64)
+    flat = torch.empty(3 * t + w + 2 * b + 1 + n_logits, dtype=torch.int64)
     dist.broadcast(flat, src=0)
     flat = flat.to(device)
-    ids, pos, slots, tables, lens, cu = flat.split([t, t, t, w, b, b + 1])
+    ids, pos, slots, tables, lens, cu, rows = flat.split([t, t, t, w, b, b + 1, n_logits])
     batch = ForwardBatch(positions=pos, slot_mapping=slots, block_tables=tables.to(torch.int32).view(table_shape),
                          seq_lens=lens.to(torch.int32), cu_seqlens_q=cu.to(torch.int32), is_decode=is_decode,
-                         logits_indices=torch.empty(0, dtype=torch.int64, device=device))
+                         logits_indices=rows)
     return ids, batch
 
 

@@ -66,11 +66,12 @@ class DecoderModel:
     (ModelConfig.kv_cache_layout). With ``quantize_activations`` every
     GGUF-quantized matrix multiplies activations rounded to Q8 blocks (ops.gguf_linear_q8act, llama.cpp's CPU
     arithmetic); otherwise activations stay in ``dtype`` (ops.gguf_linear). Weights are moved to ``device``.
-    ``tensor_parallel``: ``cfg`` and ``weights`` are one rank's share (tensor_parallel.shard_model) and each layer
-    all-reduces its attention and MLP outputs over the default process group (ops.all_reduce)."""
+    ``tensor_parallel`` (rank, world): ``cfg`` and ``weights`` are that rank's share (tensor_parallel.shard_model);
+    the forward pass all-reduces the embedding and each layer's attention and MLP outputs over the default process
+    group (ops.all_reduce), and ``logits`` all-gathers the vocabulary slices."""
 
     def __init__(self, cfg: ModelConfig, weights: dict, dtype: torch.dtype = torch.float32, device="cpu",
-                 quantize_activations: bool = False, tensor_parallel: bool = False):
+                 quantize_activations: bool = False, tensor_parallel: tuple[int, int] | None = None):
         if cfg.arch not in SUPPORTED_ARCHS.values():
             raise ValueError(f"unsupported architecture {cfg.arch!r}; supported: {sorted(SUPPORTED_ARCHS)}")
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
@@ -86,13 +87,22 @@ class DecoderModel:
         cos_sin = build_cos_sin_cache(cfg.max_position, cfg.rotary_dim, cfg.rope_theta, torch.float32,
                                       cfg.rope_scaling, device=self.device)
         self.embed_tokens = weights["model.embed_tokens.weight"]
-        self.layers = [DecoderLayer(cfg, weights, i, cos_sin, dtype, tensor_parallel) for i in range(cfg.num_layers)]
+        self.layers = [DecoderLayer(cfg, weights, i, cos_sin, dtype, tensor_parallel is not None)
+                       for i in range(cfg.num_layers)]
         self.norm = weights["model.norm.weight"]
         self.lm_head = weights.get("lm_head.weight", self.embed_tokens if cfg.tie_word_embeddings else None)
         if self.lm_head is None:
             raise ValueError("the checkpoint has no lm_head.weight and does not tie embeddings")
         # Each op call site resolves its kernel once per step shape (CallSite), not on every call.
         self.embed_site = Embedding(self.embed_tokens, dtype)
+        self.vocab_slice = None  # tensor parallel: (lo, hi, world) of this rank's vocabulary rows
+        if tensor_parallel is not None:
+            from .tensor_parallel import vocab_range
+
+            rank, world = tensor_parallel
+            lo, hi = vocab_range(cfg.vocab_size, rank, world)
+            self.vocab_slice = (lo, hi, world)
+            self.reduce_embed = CallSite(all_reduce)
         self.final_norm = CallSite(fused_add_rms_norm)
         self.lm_head_site = Linear(self.lm_head)
 
@@ -101,7 +111,14 @@ class DecoderModel:
         # caches and dtype are fixed): the key each CallSite caches its kernel choice under.
         tables = batch.block_tables.shape
         key = (input_ids.shape[0], tables[0], tables[1] if len(tables) > 1 else 0, batch.is_decode)
-        x = self.embed_site(key, input_ids)
+        if self.vocab_slice is None:
+            x = self.embed_site(key, input_ids)
+        else:  # this rank's vocabulary rows, zeros for the others' ids, summed over the ranks
+            lo, hi, _ = self.vocab_slice
+            local = input_ids - lo
+            mine = (local >= 0) & (local < hi - lo)
+            x = self.embed_site(key, torch.where(mine, local, 0)) * mine[:, None].to(self.dtype)
+            x = self.reduce_embed(key, x)
         residual = None
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(key, x, residual, batch, kv)
@@ -109,4 +126,17 @@ class DecoderModel:
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head_site((hidden.shape, hidden.is_contiguous()), hidden).float()
+        """fp32 logits [N, vocab] of hidden [N, hidden]. Tensor parallel: every rank must call it on the same rows
+        (the slices are all-gathered)."""
+        out = self.lm_head_site((hidden.shape, hidden.is_contiguous()), hidden).float()
+        if self.vocab_slice is None:
+            return out
+        import torch.distributed as dist
+
+        lo, hi, world = self.vocab_slice
+        per = -(-self.cfg.vocab_size // world)
+        if out.shape[1] < per:  # the last slice, short of the others
+            out = torch.nn.functional.pad(out, (0, per - out.shape[1]))
+        parts = [torch.empty_like(out) for _ in range(world)]
+        dist.all_gather(parts, out.contiguous())
+        return torch.cat(parts, dim=1)[:, :self.cfg.vocab_size]

@@ -5,7 +5,9 @@ intermediate size) and row-parallel o/down (the matching columns of W: each rank
 the model all-reduces it before the residual add; a row-parallel bias stays on rank 0 only, so it is added once).
 Heads are split by KV-head groups, as evenly as the KV heads allow (SmolLM2-135M's 9 query / 3 KV heads on 2 ranks:
 6 + 3 query heads over 2 + 1 KV heads), so every rank's attention is ordinary GQA over its own heads and KV cache.
-Embedding, norms and LM head stay whole on every rank (the vocab-parallel forms come later).
+Embedding and LM head are vocab-parallel: each rank holds an equal slice of the vocabulary's rows (the vocabulary
+padded to a multiple of the ranks); a rank embeds the ids in its slice (zero rows for the others) and the ranks
+all-reduce, and each computes its slice of the logits, which an all-gather puts together. Norms stay whole.
 
 Weights are sliced as they are stored: dense tensors by index, GGUF blocks (QuantizedWeight) by whole rows and by
 whole blocks along K (a column range must start and end on a block boundary: 32 values, 256 for K-quants).
@@ -92,9 +94,17 @@ def shard_cols(w, lo: int, hi: int):
                               "run this checkpoint with tensor_parallel_size=1")
 
 
+def vocab_range(vocab_size: int, rank: int, world: int) -> tuple[int, int]:
+    """[lo, hi) of ``rank``'s vocabulary rows: equal slices of ceil(vocab / world) (all-gather takes equal sizes),
+    the last one cut at the vocabulary's end (the model pads it back)."""
+    per = -(-vocab_size // world)
+    return min(rank * per, vocab_size), min((rank + 1) * per, vocab_size)
+
+
 def shard_model(cfg: ModelConfig, weights: dict, rank: int, world: int) -> tuple[ModelConfig, dict]:
     """(config, weights) of ``rank``'s share of a dense decoder. The config's head and intermediate counts become the
-    rank's; the weights dict keeps its names."""
+    rank's (its vocab_size stays the whole vocabulary's: the model reads its slice from vocab_range); the weights
+    dict keeps its names."""
     if not 0 <= rank < world:
         raise TensorParallelError(f"rank {rank} is outside a tensor-parallel group of {world}")
     if world == 1:
@@ -120,10 +130,12 @@ def shard_model(cfg: ModelConfig, weights: dict, rank: int, world: int) -> tuple
             out[name] = shard_rows(w, ff_lo, ff_hi)
         elif name.endswith("down_proj.weight"):
             out[name] = shard_cols(w, ff_lo, ff_hi)
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            out[name] = shard_rows(w, *vocab_range(cfg.vocab_size, rank, world))
         elif name.endswith(("o_proj.bias", "down_proj.bias")):
             if rank == 0:  # added once, after the all-reduce would otherwise sum it world times
                 out[name] = w
-        else:  # embeddings, norms (q/k norms act per head_dim), LM head: whole on every rank
+        else:  # norms (q/k norms act per head_dim): whole on every rank
             out[name] = w
     local = dataclasses.replace(cfg, num_heads=heads.q_hi - heads.q_lo, num_kv_heads=heads.kv_hi - heads.kv_lo,
                                 intermediate_size=ff_hi - ff_lo)

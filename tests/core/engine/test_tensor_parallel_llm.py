@@ -8,6 +8,7 @@ import os
 import signal
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.core.engine.tensor_parallel import TensorParallelError
@@ -18,15 +19,21 @@ PARAMS = SamplingParams(max_tokens=20, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def reference(default_model):
-    llm = LLM(max_num_batched_tokens=32)
-    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)]
+def one_rank(default_model):
+    return LLM(max_num_batched_tokens=32)
 
 
-def test_two_ranks_give_one_rank_s_greedy_tokens(reference):
+@pytest.fixture(scope="module")
+def reference(one_rank):
+    return [o.outputs[0].token_ids for o in one_rank.generate(PROMPTS, PARAMS)]
+
+
+def test_two_ranks_give_one_rank_s_greedy_tokens(reference, one_rank):
     llm = LLM(tensor_parallel_size=2, max_num_batched_tokens=32)  # the long prompt prefills in chunks
     try:
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)] == reference
+        ids = llm.tokenizer.encode(PROMPTS[1])  # every position's logits, all vocabulary slices gathered
+        torch.testing.assert_close(llm.prompt_logits(ids), one_rank.prompt_logits(ids), atol=2e-3, rtol=1e-3)
         (worker,) = llm.model.workers
         assert worker.is_alive()
     finally:

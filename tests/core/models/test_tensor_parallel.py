@@ -30,6 +30,9 @@ def test_split_evenly_and_heads():
     assert tp.head_ranges(32, 8, 4)[3] == tp.HeadRange(24, 32, 6, 8)
     with pytest.raises(tp.TensorParallelError, match="at most 3"):
         tp.head_ranges(9, 3, 4)
+    # vocabulary slices: equal (all-gather), the last cut at the end
+    assert [tp.vocab_range(49152, r, 2) for r in range(2)] == [(0, 24576), (24576, 49152)]
+    assert [tp.vocab_range(10, r, 3) for r in range(3)] == [(0, 4), (4, 8), (8, 10)]
 
 
 @pytest.mark.parametrize("qtype", [Q4_1, Q8_0])
@@ -90,7 +93,8 @@ def _worker(rank: int, port: int) -> None:
         ck = load_checkpoint()
         cfg, weights = tp.shard_model(ck.config, ck.weights, rank, WORLD)
         assert (cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size) == ((6, 2, 768) if rank == 0 else (3, 1, 768))
-        logits, tokens = _greedy(DecoderModel(cfg, weights, tensor_parallel=True), cfg, STEPS)
+        assert weights["model.embed_tokens.weight"].shape[0] == 24576  # the vocabulary's half (tied LM head)
+        logits, tokens = _greedy(DecoderModel(cfg, weights, tensor_parallel=(rank, WORLD)), cfg, STEPS)
         if rank == 0:  # the whole model, in this process alone (its ops never all-reduce)
             want_logits, want_tokens = _greedy(DecoderModel(ck.config, ck.weights), ck.config, STEPS)
             assert tokens == want_tokens
