@@ -11,7 +11,9 @@ caller must ask for exactly those rows), which an all-gather joins on every rank
 
 Failures end in an error, not a hang: a worker that cannot load its share reports why before the group forms; a
 worker found dead before a step is named with its exit code; collectives time out after ``TIMEOUT``.
-Decode graphs are off under tensor parallelism (a captured step would not broadcast itself).
+Decode graphs are off under tensor parallelism (a captured step would not broadcast itself). Only gloo on CPUs has
+run: the NCCL path (each worker one device through the platform's device variable, step tensors on the device) is
+written for GPUs but no machine with two was lent.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def worker_main(rank: int, world: int, port: int, build: dict, env: dict, cores:
     torch.set_num_threads(max(1, len(cores)))
     try:
         model, platform = _load_share(build, rank, world)
+        if model.device.type == "cuda":  # NCCL's object broadcasts use the current device: this rank's only one
+            torch.cuda.set_device(model.device)
     except Exception as exc:
         conn.send(("error", f"tensor-parallel rank {rank} failed to load its share of the model: "
                             f"{type(exc).__name__}: {exc}"))
@@ -104,10 +108,15 @@ def _pack(ids: torch.Tensor, batch: ForwardBatch) -> tuple[tuple, torch.Tensor]:
     return header, torch.cat([p.to(torch.int64) for p in parts])
 
 
+def _wire_device(device: torch.device) -> torch.device:
+    """Where the step tensor travels: gloo sends host tensors, NCCL device ones."""
+    return torch.device("cpu") if dist.get_backend() == "gloo" else device
+
+
 def _recv_step(header, device) -> tuple[torch.Tensor, ForwardBatch]:
     t, table_shape, b, is_decode, n_logits = header
     w = table_shape[0] * table_shape[1]
-    flat = torch.empty(3 * t + w + 2 * b + 1 + n_logits, dtype=torch.int64)
+    flat = torch.empty(3 * t + w + 2 * b + 1 + n_logits, dtype=torch.int64, device=_wire_device(device))
     dist.broadcast(flat, src=0)
     flat = flat.to(device)
     ids, pos, slots, tables, lens, cu, rows = flat.split([t, t, t, w, b, b + 1, n_logits])
@@ -142,7 +151,7 @@ class TensorParallelModel:
         self._check_workers()
         header, flat = _pack(input_ids, batch)
         _send_header(header)
-        dist.broadcast(flat.cpu(), src=0)
+        dist.broadcast(flat.to(_wire_device(self.device)), src=0)
         return self.model.forward(input_ids, batch, kv_caches)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -196,6 +205,8 @@ def start(build: dict, world: int, platform, rank0_model_fn) -> TensorParallelMo
         conns.append(parent)
     try:
         model = rank0_model_fn(0, world)
+        if model.device.type == "cuda":
+            torch.cuda.set_device(model.device)
         deadline = time.monotonic() + STARTUP_SECONDS
         for rank, (proc, conn) in enumerate(zip(workers, conns, strict=True), start=1):
             while not conn.poll(0.2):
