@@ -44,6 +44,7 @@ all_reduce = OpDef(
            Case("odd_3d", {"shape": (3, 5, 7)}), Case("flat", {"shape": (4097,)})],
     # Across ranks the summation order is the implementation's, so allow a couple of ulps in bf16.
     tolerances={torch.float32: Tolerance(1e-5, 1e-5), torch.bfloat16: Tolerance(8e-3, 8e-3)},
+    collective=True,
     doc=(
         "x of any shape -> a new tensor (never x itself) holding the elementwise sum of x over every rank of "
         "the default torch.distributed process group, in x.dtype. With no process group initialised, or a "

@@ -78,6 +78,9 @@ class OpDef:
     # The relative error a right kernel may add beyond its output's rounding, where the hardware's arithmetic is
     # coarser than the reference's fp32 (FP8 tensor cores accumulate in fewer bits than fp32).
     accumulation_roundoff: float = 0.0
+    # A collective (all_reduce): its kernels need a process group of several ranks, so the kit serves them in its
+    # multi-process check (engine.core.testing.distributed), not one process.
+    collective: bool = False
 
     def __post_init__(self):
         _LIB.define(self.name + self.schema)

@@ -36,6 +36,7 @@ def _rank_main(rank: int, platform_name: str, seed: int, init_file: str, errors)
         plugins.set_active_registry(registry)
         op = OPS["all_reduce"]
         for impl in [*registry.implementations(op), op.reference_impl]:
+            taken = 0
             for case in op.cases:
                 for dtype in case.dtypes or op.dtypes:
                     if dtype not in platform.supported_dtypes():
@@ -49,6 +50,10 @@ def _rank_main(rank: int, platform_name: str, seed: int, init_file: str, errors)
                         raise ConformanceFailure(f"{impl.qualname}: all_reduce must return a new tensor, not x")
                     compare(op, dtype, [got.cpu()], [want.to(dtype)], f"all_reduce-{impl.qualname}-{case.name}-"
                             f"{dtype} rank {rank} (seed {seed})")
+                    taken += 1
+            if not taken:  # a registration that never runs, even where it can (several ranks)
+                raise ConformanceFailure(f"{impl.qualname}: registered for all_reduce but declines every case across "
+                                         f"{WORLD} ranks")
         dist.barrier()
     except BaseException as exc:  # reported to the parent, which fails the test with it
         errors.put(f"rank {rank}: {type(exc).__name__}: {exc}")

@@ -99,7 +99,6 @@ class CpuPlatform(Platform):
 
         register(registry, fp16_max_m=self.fp16_linear_max_m)
         # Ops the CPU serves through their plain-torch references on purpose (the conformance kit checks them so):
-        registry.reference_only("all_reduce", "torch.distributed's all_reduce (gloo) is the CPU's collective")
         for op in ("fp8_linear", "fp8_quantize_per_token", "fused_moe_fp8"):
             registry.reference_only(op, "no native FP8 kernel: CPUs have no FP8 arithmetic, and no model the CPU "
                                         "path loads is FP8 (issue 27 brings FP8 checkpoints)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "rms_norm", "fused_add_rms_norm",
               "paged_attention_decode", "paged_attention_prefill", "write_kv_cache", "silu_and_mul", "rotary_embedding",
-              "rotary_write_kv", "fused_moe", "mla_decode", "fused_moe_gguf")
+              "rotary_write_kv", "fused_moe", "mla_decode", "fused_moe_gguf", "all_reduce")
 
 
 def register(registry, fp16_max_m=None) -> None:
@@ -28,7 +28,7 @@ def register(registry, fp16_max_m=None) -> None:
 
     from engine.platforms.cpu import _native
 
-    from . import attention, gguf, linear, mla, moe, moe_bf16_amx, moe_gguf, norm, small_ops
+    from . import attention, comm, gguf, linear, mla, moe, moe_bf16_amx, moe_gguf, norm, small_ops
 
     gguf.register(registry)
     linear.register(registry, (fp16_max_m or linear.cpu_fp16_max_m)(_native.isa(), read_cpuinfo()))
@@ -39,3 +39,4 @@ def register(registry, fp16_max_m=None) -> None:
     moe.register(registry)
     moe_gguf.register(registry)
     moe_bf16_amx.register(registry, read_cpuinfo())
+    comm.register(registry)

@@ -1,0 +1,99 @@
+"""``all_reduce`` between the processes of one machine through shared memory (csrc/shm_all_reduce.cpp).
+
+The ranks of a gloo process group on one host (tensor parallelism on a CPU) sum their tensors in a shared segment
+instead of over loopback TCP: gloo took 1.7 ms for a [1, 576] fp32 all-reduce on a 2-core VM, 61 of them a decode
+step of the built-in model. The segment is made on the first call in a process group, by that call (every rank
+makes the same calls in the same order, so the set-up is collective too): rank 0 creates a file in /dev/shm (else
+the temp directory), the group's broadcast tells the others its name, each maps it, and rank 0 removes the name
+once all have (the mapping lives on, and nothing is left behind if a process dies). Calls are numbered per group;
+the native call waits for every rank's tensor, then each rank sums the slots in rank order (the same bits on every
+rank). Tensors over SLOT_BYTES, other dtypes, or a group on several hosts go to gloo (the reference).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import uuid
+
+import torch
+import torch.distributed as dist
+
+from engine.core.ops.comm import all_reduce
+from engine.platforms.cpu import _native
+
+from ._common import PRIORITY, STORAGE_CODE
+
+SLOT_BYTES = 16 << 20  # per rank and bank: a 1,024-token prefill chunk of a 4,096-wide model in fp32
+LINE = 64
+TIMEOUT_S = 300.0  # a rank that does not arrive: an error, not a hang
+
+_state: dict = {}  # "group" -> the process group the segment belongs to; "seg", "base", "rank", "world", "gen"
+
+
+def _one_host() -> bool:
+    """Whether every rank of the default group runs on this host (asked once per group, collectively)."""
+    names = [None] * dist.get_world_size()
+    dist.all_gather_object(names, socket.gethostname())
+    return len(set(names)) == 1
+
+
+def _setup(group) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    size = world * LINE + 2 * world * SLOT_BYTES
+    box = [None]
+    if rank == 0:
+        root = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        path = os.path.join(root, f"engine-allreduce-{uuid.uuid4().hex}")
+        seg = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+        seg[:world * LINE].zero_()
+        box = [path]
+    dist.broadcast_object_list(box, src=0)
+    if rank != 0:
+        seg = torch.from_file(box[0], shared=True, size=size, dtype=torch.uint8)
+    dist.barrier()
+    if rank == 0:
+        os.unlink(box[0])
+    _state.clear()
+    _state.update(group=group, seg=seg, base=seg.data_ptr(), rank=rank, world=world, gen=0)
+
+
+def _group():
+    return dist.distributed_c10d._get_default_group()
+
+
+def shm_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    group = _group()
+    if _state.get("group") is not group:
+        _setup(group)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _state["gen"] += 1
+    _native.shm_all_reduce(_state["base"], _state["rank"], _state["world"], SLOT_BYTES, _state["gen"],
+                           x.contiguous().data_ptr(), out.data_ptr(), x.numel(), STORAGE_CODE[x.dtype], TIMEOUT_S)
+    return out
+
+
+_hosts: dict = {}  # id(group) -> whether its ranks share this host
+
+
+def _supports(x):
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return "no process group of 2+ ranks: nothing to reduce"
+    if dist.get_backend() != "gloo":
+        return f"the process group's backend is {dist.get_backend()}, not gloo"
+    if not isinstance(x, torch.Tensor) or x.device.type != "cpu" or x.dtype not in STORAGE_CODE:
+        return "x must be a CPU tensor in fp32, bf16 or fp16"
+    if x.numel() * x.element_size() > SLOT_BYTES:
+        return f"{x.numel() * x.element_size()} bytes: over the shared slot of {SLOT_BYTES} (gloo takes it)"
+    group = _group()
+    if id(group) not in _hosts:
+        _hosts.clear()
+        _hosts[id(group)] = _one_host()
+    return True if _hosts[id(group)] else "the ranks run on several hosts"
+
+
+def register(registry) -> None:
+    registry.register(all_reduce, shm_all_reduce, name="native_shm", supports=_supports, priority=PRIORITY,
+                      note=f"shared-memory all-reduce between the ranks on this host (up to {SLOT_BYTES >> 20} MiB; "
+                           "gloo beyond)")
