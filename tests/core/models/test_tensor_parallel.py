@@ -4,7 +4,6 @@ in their blocks, and the built-in model on two real gloo ranks giving TP=1's log
 from __future__ import annotations
 
 import datetime
-import socket
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from engine.core.models.batch import ForwardBatch
 from engine.core.models.config import ModelConfig
 from engine.core.models.weights import QuantizedWeight
 from engine.core.ops.gguf_quant import Q4_1, Q8_0, _gguf_dequantize_ref, _linear_inputs
+from tests.core.serving.live_server import free_port
 
 WORLD = 2
 PROMPT = [1, 504, 3458, 282, 4237, 314, 1812, 30, 378, 2263, 282, 260, 3458, 2436, 17, 314]
@@ -104,11 +104,6 @@ def _worker(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_builtin_model_on_two_gloo_ranks_matches_one(default_model):
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(),), nprocs=WORLD, join=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import random
-import socket
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine.core.ops import comm
+from tests.core.serving.live_server import free_port
 
 DTYPES = [torch.float32, torch.bfloat16]
 WORLD = 2
@@ -43,16 +43,11 @@ def _worker(rank: int, port: int, seed: int) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_two_process_gloo_sum():
     seed = random.randrange(2**20)
     print(f"seed={seed}")
-    mp.spawn(_worker, args=(_free_port(), seed), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), seed), nprocs=WORLD, join=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
