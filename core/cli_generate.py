@@ -32,7 +32,7 @@ def add_model_arguments(p) -> None:
     p.add_argument("--enforce-eager", action="store_true",
                    help="no decode graphs (CUDA graphs on GPUs, recorded kernel calls on CPUs)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                   help="split the model over N ranks, one process each (dense decoders; gloo on CPUs, NCCL on "
+                   help="split the model over N ranks, one process each (dense and MoE decoders; gloo on CPUs, NCCL on "
                         "GPUs: one device a rank)")
     p.add_argument("--chat-template", type=chat_template_option, default=None, metavar="FILE_OR_TEXT",
                    help="the chat template to use instead of the model's: a Jinja file, or the template itself")

@@ -75,7 +75,7 @@ class LLM:
     LLMEngine); None: where the platform says it pays (``Platform.async_scheduling``).
     ``tensor_parallel_size``: split the model over that many ranks, one process each (this one is rank 0; the
     others are started here and stopped by ``close()``), collectives over the platform's ``dist_backend``
-    (engine/tensor_parallel.py). Dense decoders; decode graphs are off.
+    (engine/tensor_parallel.py). Dense and MoE decoders (not MLA); decode graphs are off.
     """
 
     def __init__(self, model: str | None = None, *, dtype: torch.dtype | str = "float32",

@@ -1,8 +1,9 @@
-"""Tensor parallelism, Megatron-style: one rank's share of a dense decoder's config and weights.
+"""Tensor parallelism, Megatron-style: one rank's share of a decoder's config and weights (dense and MoE).
 
 Each rank holds a slice of every layer: column-parallel q/k/v and gate/up (rows of W: its heads, its part of the
-intermediate size) and row-parallel o/down (the matching columns of W: each rank's product is a partial sum, and
-the model all-reduces it before the residual add; a row-parallel bias stays on rank 0 only, so it is added once).
+intermediate size; for MoE, of every expert's and the shared expert's, the router whole) and row-parallel o/down
+(the matching columns of W: each rank's product is a partial sum, and the model all-reduces it before the residual
+add; a row-parallel bias stays on rank 0 only, so it is added once).
 Heads are split by KV-head groups, as evenly as the KV heads allow (SmolLM2-135M's 9 query / 3 KV heads on 2 ranks:
 6 + 3 query heads over 2 + 1 KV heads), so every rank's attention is ordinary GQA over its own heads and KV cache.
 Embedding and LM head are vocab-parallel: each rank holds an equal slice of the vocabulary's rows (the vocabulary
@@ -109,12 +110,15 @@ def shard_model(cfg: ModelConfig, weights: dict, rank: int, world: int) -> tuple
         raise TensorParallelError(f"rank {rank} is outside a tensor-parallel group of {world}")
     if world == 1:
         return cfg, dict(weights)
-    if cfg.is_moe or cfg.is_mla:
-        raise TensorParallelError(f"tensor parallelism covers dense decoders so far, not {cfg.arch} "
-                                  "(MoE / latent attention): use tensor_parallel_size=1")
+    if cfg.is_mla:
+        raise TensorParallelError(f"tensor parallelism does not cover {cfg.arch} (latent attention) yet: use "
+                                  "tensor_parallel_size=1")
     heads = head_ranges(cfg.num_heads, cfg.num_kv_heads, world)[rank]
-    ff_lo, ff_hi = split_evenly(cfg.intermediate_size, world)[rank]
     d = cfg.head_dim
+
+    def mine(n: int) -> tuple[int, int]:
+        return split_evenly(n, world)[rank]
+
     q = (heads.q_lo * d, heads.q_hi * d)
     kv = (heads.kv_lo * d, heads.kv_hi * d)
     out = {}
@@ -126,10 +130,10 @@ def shard_model(cfg: ModelConfig, weights: dict, rank: int, world: int) -> tuple
             out[name] = shard_rows(w, *kv)
         elif name.endswith("o_proj.weight"):
             out[name] = shard_cols(w, *q)
-        elif name.endswith(("gate_proj.weight", "up_proj.weight")):
-            out[name] = shard_rows(w, ff_lo, ff_hi)
-        elif name.endswith("down_proj.weight"):
-            out[name] = shard_cols(w, ff_lo, ff_hi)
+        elif name.endswith(("gate_proj.weight", "up_proj.weight")) or _mixtral_expert(name, ("w1", "w3")):
+            out[name] = shard_rows(w, *mine(w.shape[0]))  # every MLP (dense, expert, shared) in equal parts
+        elif name.endswith("down_proj.weight") or _mixtral_expert(name, ("w2",)):
+            out[name] = shard_cols(w, *mine(w.shape[1]))
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             out[name] = shard_rows(w, *vocab_range(cfg.vocab_size, rank, world))
         elif name.endswith(("o_proj.bias", "down_proj.bias")):
@@ -137,6 +141,13 @@ def shard_model(cfg: ModelConfig, weights: dict, rank: int, world: int) -> tuple
                 out[name] = w
         else:  # norms (q/k norms act per head_dim): whole on every rank
             out[name] = w
+    sizes = {f: (lambda r: r[1] - r[0])(mine(getattr(cfg, f)))
+             for f in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")}
     local = dataclasses.replace(cfg, num_heads=heads.q_hi - heads.q_lo, num_kv_heads=heads.kv_hi - heads.kv_lo,
-                                intermediate_size=ff_hi - ff_lo)
+                                **sizes)
     return local, out
+
+
+def _mixtral_expert(name: str, projections: tuple[str, ...]) -> bool:
+    """Mixtral's expert weights: ``...block_sparse_moe.experts.{e}.w1.weight`` (w1 gate, w3 up, w2 down)."""
+    return ".experts." in name and name.rsplit(".", 2)[-2] in projections

@@ -51,7 +51,7 @@ def test_gguf_columns_are_sliced_in_whole_blocks(qtype, gen):
 
 
 def test_what_it_cannot_split_is_refused_with_the_way_out():
-    cfg = ModelConfig("mixtral", 32, 64, 128, 1, 4, 2, 16, 64, num_experts=4, num_experts_per_tok=2)
+    cfg = ModelConfig("deepseek_v3", 32, 64, 128, 1, 4, 4, 16, 64, kv_lora_rank=16, qk_rope_head_dim=8)
     with pytest.raises(tp.TensorParallelError, match="tensor_parallel_size=1"):
         tp.shard_model(cfg, {}, 0, 2)
     with pytest.raises(tp.TensorParallelError, match="tensor_parallel_size=1"):

@@ -69,6 +69,22 @@ def test_logits_match_transformers(tiny_model):
     torch.testing.assert_close(ours.cpu(), theirs, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
+def test_two_tensor_parallel_ranks_match_transformers(tiny_model):
+    """Every family (MoE experts and shared experts split by their intermediate size, biases, q/k norm, tied
+    embeddings) over two CPU ranks: the same logits as transformers."""
+    name, hf, path = tiny_model
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=64, block_size=16, platform="cpu", tensor_parallel_size=2)
+    try:
+        gen = torch.Generator().manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
+        ids = torch.randint(0, VOCAB, (37,), generator=gen).tolist()
+        ours = llm.prompt_logits(ids)
+    finally:
+        llm.close()
+    with torch.no_grad():
+        theirs = hf(torch.tensor([ids])).logits[0].float()
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
 def test_sliding_window_caps_the_context(tmp_path):
     cfg = transformers.MistralConfig(**{**COMMON, "intermediate_size": 96, "sliding_window": 48})
     transformers.MistralForCausalLM(cfg).save_pretrained(tmp_path, safe_serialization=True)
