@@ -264,10 +264,12 @@ async def stream_updates(queue: asyncio.Queue, end) -> AsyncIterator[StepUpdate]
 
 def is_device_fault(exc: BaseException) -> bool:
     """Does ``exc`` say the device (and so the engine) is broken, not one batch's input? CUDA/HIP errors and
-    device-side asserts leave the context unusable; everything else ends only the failed step's requests."""
+    device-side asserts leave the context unusable, and so does a lost tensor-parallel rank or a collective that
+    broke off (the ranks are out of step); everything else ends only the failed step's requests."""
     text = f"{type(exc).__name__}: {exc}"
-    return type(exc).__name__ == "AcceleratorError" or any(
-        mark in text for mark in ("CUDA error", "HIP error", "device-side assert", "illegal memory access"))
+    return type(exc).__name__ in ("AcceleratorError", "TensorParallelError") or any(
+        mark in text for mark in ("CUDA error", "HIP error", "device-side assert", "illegal memory access",
+                                  "NCCL error", "Connection closed by peer", "gloo/transport"))
 
 
 def _settle(fut: asyncio.Future, exc: BaseException | None) -> None:

@@ -161,6 +161,15 @@ def test_a_failing_step_ends_its_requests_and_the_engine_serves_on(either_llm):
 @pytest.mark.parametrize("message, fatal", [("CUDA error: an illegal memory access was encountered", True),
                                             ("HIP error: invalid device function", True),
                                             ("a bug in a user's logits processor", False),
-                                            ("CUDA out of memory. Tried to allocate 2.00 GiB", False)])
+                                            ("CUDA out of memory. Tried to allocate 2.00 GiB", False),
+                                            ("[third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+                                             "peer [127.0.0.1]:41779", True),
+                                            ("NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited", True)])
 def test_device_faults_are_told_from_a_batch_failure(message, fatal):
     assert is_device_fault(RuntimeError(message)) is fatal
+
+
+def test_a_lost_tensor_parallel_rank_is_fatal():
+    from engine.core.engine.tensor_parallel import TensorParallelError
+
+    assert is_device_fault(TensorParallelError("tensor-parallel rank 1 has exited (code -9)"))

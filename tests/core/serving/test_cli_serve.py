@@ -160,6 +160,30 @@ def test_tensor_parallel_serve_answers_and_stops():
     assert proc.returncode == 0 and "Traceback" not in err, err
 
 
+@pytest.mark.usefixtures("default_model")
+def test_a_lost_tensor_parallel_rank_stops_the_server_non_zero():
+    """The worker rank killed: the next request fails, and the server exits non-zero (a supervisor restarts it)
+    instead of answering 503 with half a model."""
+    import psutil
+
+    port, proc = _serve("--tensor-parallel-size", "2", "--max-model-len", "256", "--served-model-name", "tiny",
+                        "--log-level", "warning")
+    try:
+        workers = [c for c in psutil.Process(proc.pid).children() if "resource_tracker" not in " ".join(c.cmdline())]
+        assert len(workers) == 1, [c.cmdline() for c in workers]
+        workers[0].kill()  # the server reaps it (it is the server's child, not this test's)
+        time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.APIError):
+            client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=8)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode not in (0, None) and "rank 1 has exited" in err, err
+
+
 def test_data_parallel_with_tensor_parallel_is_refused_before_loading():
     proc = subprocess.run([sys.executable, "-m", "engine.core.cli", "serve", "--port", "0", "--data-parallel-size",
                            "2", "--tensor-parallel-size", "2"], cwd=REPO, capture_output=True, text=True, timeout=120)
