@@ -24,7 +24,7 @@ void bind_small_ops(py::module_& m);  // bind_small_ops.cpp
 void bind_moe(py::module_& m);  // bind_moe.cpp
 void bind_fp16(py::module_& m);  // bind_fp16.cpp
 void bind_native_program(py::module_& m);  // bind_native_program.cpp
-void bind_shm_all_reduce(py::module_& m);  // shm_all_reduce.cpp
+void bind_shm_all_reduce(py::module_& m);  // bind_comm.cpp
 }  // namespace engine_cpu
 
 namespace {

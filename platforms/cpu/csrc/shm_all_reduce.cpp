@@ -9,7 +9,6 @@
 //   3. out = slot 0 + slot 1 + ... in rank order, in fp32, rounded once to the dtype: the same bits on every rank.
 // Two banks make one barrier per call enough: a rank can start call gen + 2 (bank gen % 2 again) only after every
 // rank published gen + 1, that is after every rank finished reading call gen.
-#include <pybind11/pybind11.h>
 
 #include <atomic>
 #include <chrono>
@@ -21,9 +20,7 @@
 #include <vector>
 
 #include "convert.h"
-#include "native_program.h"
-
-namespace py = pybind11;
+#include "shm_all_reduce.h"
 
 namespace engine_cpu {
 namespace {
@@ -54,6 +51,8 @@ void store_from_f32(uint8_t* p, int64_t i, float v, int dtype) {
   }
 }
 
+}  // namespace
+
 void shm_all_reduce(uint8_t* base, int rank, int world, int64_t slot_bytes, int64_t gen, const uint8_t* x, uint8_t* out,
                     int64_t numel, int dtype, double timeout_s) {
   const int64_t esize = dtype == 0 ? 4 : 2;
@@ -80,23 +79,6 @@ void shm_all_reduce(uint8_t* base, int rank, int world, int64_t slot_bytes, int6
     for (int r = 1; r < world; ++r) acc += load_as_f32(src[r], i, dtype);
     store_from_f32(out, i, acc, dtype);
   }
-}
-
-}  // namespace
-
-void bind_shm_all_reduce(py::module_& m) {
-  m.def(
-      "shm_all_reduce",
-      recordable([](std::uintptr_t base, int rank, int world, int64_t slot_bytes, int64_t gen, std::uintptr_t x,
-                    std::uintptr_t out, int64_t numel, int dtype, double timeout_s) {
-        shm_all_reduce(reinterpret_cast<uint8_t*>(base), rank, world, slot_bytes, gen,
-                       reinterpret_cast<const uint8_t*>(x), reinterpret_cast<uint8_t*>(out), numel, dtype, timeout_s);
-      }),
-      py::arg("base"), py::arg("rank"), py::arg("world"), py::arg("slot_bytes"), py::arg("gen"), py::arg("x"),
-      py::arg("out"), py::arg("numel"), py::arg("dtype"), py::arg("timeout_s"),
-      py::call_guard<py::gil_scoped_release>(),
-      "out = the sum over ranks of each rank's x (contiguous, numel elements; dtype 0 fp32, 1 bf16, 2 fp16), through "
-      "the shared segment at base; gen: this call's sequence number, the same on every rank.");
 }
 
 }  // namespace engine_cpu
