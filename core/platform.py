@@ -87,6 +87,10 @@ class Platform:
     def synchronize(self, index: int = 0) -> None:
         """Wait for all queued work on the device."""
 
+    def set_current_device(self, device: torch.device) -> None:
+        """Make ``device`` this process's current one (what collectives that take no tensor use, such as NCCL's
+        object broadcasts). A host platform has only the one: nothing to do."""
+
     def empty_kv_caches(self, count: int, shape: tuple[int, ...], dtype: torch.dtype,
                         device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``count`` (key, value) pairs of uninitialized KV cache tensors of ``shape`` (one pair per layer). The
@@ -174,6 +178,9 @@ class TorchAcceleratorPlatform(Platform):
 
     def synchronize(self, index: int = 0) -> None:
         self._module().synchronize(index)
+
+    def set_current_device(self, device: torch.device) -> None:
+        self._module().set_device(device)
 
     def capture_graph(self, fn, pool=None):
         """Through the device module's graph API (``CUDAGraph`` / ``graph`` / ``graph_pool_handle``, which torch's

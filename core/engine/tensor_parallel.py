@@ -66,8 +66,7 @@ def worker_main(rank: int, world: int, port: int, build: dict, env: dict, cores:
     torch.set_num_threads(max(1, len(cores)))
     try:
         model, platform = _load_share(build, rank, world)
-        if model.device.type == "cuda":  # NCCL's object broadcasts use the current device: this rank's only one
-            torch.cuda.set_device(model.device)
+        platform.set_current_device(model.device)  # the device NCCL's object broadcasts use: this rank's only one
     except Exception as exc:
         conn.send(("error", f"tensor-parallel rank {rank} failed to load its share of the model: "
                             f"{type(exc).__name__}: {exc}"))
@@ -205,8 +204,7 @@ def start(build: dict, world: int, platform, rank0_model_fn) -> TensorParallelMo
         conns.append(parent)
     try:
         model = rank0_model_fn(0, world)
-        if model.device.type == "cuda":
-            torch.cuda.set_device(model.device)
+        platform.set_current_device(model.device)
         deadline = time.monotonic() + STARTUP_SECONDS
         for rank, (proc, conn) in enumerate(zip(workers, conns, strict=True), start=1):
             while not conn.poll(0.2):

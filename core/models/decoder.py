@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.distributed as dist
 
 from engine.core.ops.comm import all_reduce
 from engine.core.ops.gguf_quant import GGUF_QTYPES
@@ -131,8 +132,6 @@ class DecoderModel:
         out = self.lm_head_site((hidden.shape, hidden.is_contiguous()), hidden).float()
         if self.vocab_slice is None:
             return out
-        import torch.distributed as dist
-
         lo, hi, world = self.vocab_slice
         per = -(-self.cfg.vocab_size // world)
         if out.shape[1] < per:  # the last slice, short of the others

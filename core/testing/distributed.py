@@ -28,8 +28,7 @@ def _rank_main(rank: int, platform_name: str, seed: int, init_file: str, errors)
     try:
         platform = plugins.select(plugins.discover(), platform_name).platform_cls()
         device = platform.device(rank) if platform.device_type != "cpu" else platform.device()
-        if platform.device_type != "cpu":
-            torch.get_device_module(platform.device_type).set_device(device)
+        platform.set_current_device(device)
         dist.init_process_group(platform.dist_backend, init_method=f"file://{init_file}", rank=rank,
                                 world_size=WORLD)
         registry = plugins.build_registry(platform)
