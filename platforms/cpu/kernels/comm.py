@@ -16,6 +16,7 @@ import os
 import socket
 import tempfile
 import uuid
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -29,7 +30,10 @@ SLOT_BYTES = 16 << 20  # per rank and bank: a 1,024-token prefill chunk of a 4,0
 LINE = 64
 TIMEOUT_S = 300.0  # a rank that does not arrive: an error, not a hang
 
-_state: dict = {}  # "group" -> the process group the segment belongs to; "seg", "base", "rank", "world", "gen"
+# "group" -> a weak reference to the process group the segment belongs to (a strong one would keep the group
+# alive past destroy_process_group, to be torn down at interpreter exit, where gloo aborts the process);
+# "seg", "base", "rank", "world", "gen"
+_state: dict = {}
 
 
 def _one_host() -> bool:
@@ -39,13 +43,26 @@ def _one_host() -> bool:
     return len(set(names)) == 1
 
 
+def _segment_dir(size: int) -> str:
+    """/dev/shm when it can hold the segment, else the temp directory.
+
+    A tmpfs too small for the segment (Docker's default /dev/shm is 64 MiB) would not fail at creation but kill the
+    process with SIGBUS at the first write past its end, so the free space is checked up front.
+    """
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK):
+        st = os.statvfs(shm)
+        if st.f_bavail * st.f_frsize >= size:
+            return shm
+    return tempfile.gettempdir()
+
+
 def _setup(group) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     size = world * LINE + 2 * world * SLOT_BYTES
     box = [None]
     if rank == 0:
-        root = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-        path = os.path.join(root, f"engine-allreduce-{uuid.uuid4().hex}")
+        path = os.path.join(_segment_dir(size), f"engine-allreduce-{uuid.uuid4().hex}")
         seg = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
         seg[:world * LINE].zero_()
         box = [path]
@@ -56,7 +73,7 @@ def _setup(group) -> None:
     if rank == 0:
         os.unlink(box[0])
     _state.clear()
-    _state.update(group=group, seg=seg, base=seg.data_ptr(), rank=rank, world=world, gen=0)
+    _state.update(group=weakref.ref(group), seg=seg, base=seg.data_ptr(), rank=rank, world=world, gen=0)
 
 
 def _group():
@@ -65,7 +82,7 @@ def _group():
 
 def shm_all_reduce(x: torch.Tensor) -> torch.Tensor:
     group = _group()
-    if _state.get("group") is not group:
+    if "group" not in _state or _state["group"]() is not group:
         _setup(group)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     _state["gen"] += 1
@@ -74,7 +91,7 @@ def shm_all_reduce(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-_hosts: dict = {}  # id(group) -> whether its ranks share this host
+_hosts: dict = {}  # "group" -> a weak reference to the group last asked, "one" -> whether its ranks share this host
 
 
 def _supports(x):
@@ -87,10 +104,9 @@ def _supports(x):
     if x.numel() * x.element_size() > SLOT_BYTES:
         return f"{x.numel() * x.element_size()} bytes: over the shared slot of {SLOT_BYTES} (gloo takes it)"
     group = _group()
-    if id(group) not in _hosts:
-        _hosts.clear()
-        _hosts[id(group)] = _one_host()
-    return True if _hosts[id(group)] else "the ranks run on several hosts"
+    if "group" not in _hosts or _hosts["group"]() is not group:
+        _hosts.update(group=weakref.ref(group), one=_one_host())
+    return True if _hosts["one"] else "the ranks run on several hosts"
 
 
 def register(registry) -> None:
