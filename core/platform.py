@@ -128,6 +128,13 @@ class Platform:
         out["dist_backend"] = self.dist_backend
         return out
 
+    def use_host_threads(self, n: int) -> int:
+        """Run this process's host-side work on ``n`` threads from now on (a tensor-parallel rank 0 keeps to its share
+        of the cores, as the workers do); returns the count before, to restore later. The default sets torch's."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(n)
+        return before
+
     # ---- kernels ------------------------------------------------------------------------------
     def data_parallel_slice(self, rank: int, size: int) -> tuple[dict[str, str], list[int]]:
         """(environment, CPU cores) of engine process ``rank`` of ``size`` in a data-parallel server: a contiguous

@@ -18,7 +18,7 @@ import traceback
 from dataclasses import dataclass
 from importlib import metadata
 
-from .ops.registry import KernelRegistry, set_active_registry
+from .ops.registry import OPS, KernelRegistry, set_active_registry
 from .platform import Platform
 
 ENTRY_POINT_GROUP = "engine.platforms"
@@ -149,6 +149,10 @@ def build_registry(platform: Platform) -> KernelRegistry:
         raise PlatformError(
             f"platform {platform.name!r} failed to register its kernels: {type(exc).__name__}: {exc}. "
             f"Set {ENV_VAR} to another platform, or reinstall the plugin.") from exc
+    for op in OPS.values():  # a collective's reference is the backend's own (NCCL, gloo, ...): a real implementation
+        if op.collective and not registry.implementations(op) and registry.reference_only_reason(op) is None:
+            registry.reference_only(op, f"torch.distributed's {op.name} over the platform's {platform.dist_backend!r} "
+                                        "backend")
     return registry
 
 

@@ -144,38 +144,63 @@ def _gemm_rows(m, n, k, gen, sweep: bool, sweep_first: int | None = None) -> lis
 GEMV_GOAL = 1.6  # the FP8 GEMV vs the bf16 weight through cuBLAS (issue 27: an FP8 model decodes >= 1.6x bf16)
 GEMV_SWEEP = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s) for bn, bk, w, s in (
     (8, 512, 4, 2), (4, 512, 4, 2), (16, 256, 4, 2), (8, 1024, 8, 2), (4, 1024, 4, 3), (16, 512, 8, 2), (2, 1024, 4, 2),
-    (8, 256, 2, 2), (32, 256, 8, 2))]
+    (8, 256, 2, 2), (32, 256, 8, 2), (4, 512, 4, 4), (2, 512, 2, 3))] + [
+    dict(block_n=bn, block_k=bk, num_warps=w, num_stages=3, splits=sp) for bn, bk, w, sp in (
+        (8, 512, 4, 4), (4, 512, 4, 4), (8, 256, 4, 8), (16, 512, 8, 8))]
+
+
+GEMV_COPIES = 4  # weight copies the GEMV rows rotate over: 4 x 29 MB of FP8 outgrow the H200's 50 MB L2
+
+
+def _graph_us(call, args_list) -> float:
+    """us per call of ``call(*args)`` rotating over ``args_list`` (one weight copy each), timed as CUDA-graph replays
+    (quant.py's ``_rotating``): the GEMV runs inside the engine's decode graphs, so the host's launch cost (tens of
+    us of Python for a Triton launch, more than the kernel) is no part of its time. Off a GPU: one call."""
+    from benchmarks.gpu.quant import _rotating
+
+    return _rotating([lambda a=a: call(*a) for a in args_list])
+
+
+def _copies(args, n: int) -> list[tuple]:
+    """``args`` (x_q, x_scale, w_q, w_scale, bias) with n - 1 more copies of the weight and its scale."""
+    x_q, xs, w_q, ws, bias = args
+    return [args] + [(x_q, xs, w_q.clone(), ws.clone(), bias) for _ in range(n - 1)]
 
 
 def _gemv_rows(m, n, k, gen, sweep: bool, sweep_first: int | None = None) -> list[dict]:
     """triton_fp8_gemv (per-token x per-channel, the engine's decode path for such checkpoints; and 128x128 blocks)
-    against the same shape in bf16 through cuBLAS, with _scaled_mm (what decode ran before) beside it."""
+    against the same shape in bf16 through cuBLAS, with _scaled_mm (what decode ran before) beside it; every row
+    timed as CUDA-graph replays over rotating weight copies."""
     from engine.platforms.triton_kernels import fp8_gemv as fg
     from engine.platforms.triton_kernels import fp8_linear as fl
 
     out = torch.bfloat16
+    copies = GEMV_COPIES if ceilings.on_gpu() else 1
     x = torch.randn(m, k, generator=gen, device=gen.device).bfloat16()
-    w = (torch.randn(n, k, generator=gen, device=gen.device) * k ** -0.5).bfloat16()
+    ws_bf16 = [((torch.randn(n, k, generator=gen, device=gen.device) * k ** -0.5).bfloat16(),) for _ in range(copies)]
     peer = "bf16 cuBLAS (x @ w.T)"
-    peer_us = _us(lambda: torch.nn.functional.linear(x, w))
+    peer_us = _graph_us(lambda w: torch.nn.functional.linear(x, w), ws_bf16)
     rw = _operands(m, n, k, gen, "token", "channel")
+    rws = _copies(rw, copies)
     rows = []
     err = _rel_err(fl.scaled_mm_linear(*rw, out), rw) if ceilings.on_gpu() else None
     if err is not None:
         rows.append(_row("_scaled_mm per-token x per-channel (decode before)", m, n, k,
-                         _us(lambda: fl.scaled_mm_linear(*rw, out)), peer, peer_us, goal=GEMV_GOAL, err=err))
+                         _graph_us(lambda *a: fl.scaled_mm_linear(*a, out), rws), peer, peer_us, goal=GEMV_GOAL,
+                         err=err))
     cfg = fg.gemv_config(m)
     rows.append(_row(f"triton_fp8_gemv per-token x per-channel {cfg}", m, n, k,
-                     _us(lambda: fg.fp8_gemv_linear(*rw, out)), peer, peer_us, goal=GEMV_GOAL,
+                     _graph_us(lambda *a: fg.fp8_gemv_linear(*a, out), rws), peer, peer_us, goal=GEMV_GOAL,
                      err=_rel_err(fg.fp8_gemv_linear(*rw, out), rw)))
     blk = _operands(m, n, k, gen, ("block", torch.float8_e4m3fn, (1, 128)), ("block", torch.float8_e4m3fn, (128, 128)))
-    rows.append(_row("triton_fp8_gemv 1x128 x 128x128 blocks", m, n, k, _us(lambda: fg.fp8_gemv_linear(*blk, out)),
+    rows.append(_row("triton_fp8_gemv 1x128 x 128x128 blocks", m, n, k,
+                     _graph_us(lambda *a: fg.fp8_gemv_linear(*a, out), _copies(blk, copies)),
                      peer, peer_us, goal=GEMV_GOAL, err=_rel_err(fg.fp8_gemv_linear(*blk, out), blk)))
     if sweep:
         for c in GEMV_SWEEP[:sweep_first]:
             try:
                 e = _rel_err(fg.fp8_gemv_linear(*rw, out, config=c), rw)
-                us = _us(lambda c=c: fg.fp8_gemv_linear(*rw, out, config=c))
+                us = _graph_us(lambda *a, c=c: fg.fp8_gemv_linear(*a, out, config=c), rws)
             except Exception as exc:  # a tile the compiler cannot take (registers)
                 rows.append({"bench": f"gemv sweep {c}", "shape": f"{m}x{n}x{k}", "error": repr(exc)[:200],
                              "met": False})

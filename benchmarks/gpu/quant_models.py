@@ -120,6 +120,12 @@ def _scratch(need_bytes: int) -> str:
     return tempfile.gettempdir()
 
 
+def _chosen(llm) -> list[str]:
+    """The functions layer 0's down projection has run so far (its CallSite's choices): which kernel decoded."""
+    site = llm.model.layers[0].mlp.down.site
+    return sorted({getattr(fn, "__name__", type(fn).__name__) for fn in site.chosen().values()})
+
+
 def run(tiny: bool = False, formats=FORMATS, out: Path | None = None) -> list[dict]:
     from engine import LLM
     from engine.core.testing.random_model import LLAMA_8B, write_random_llama
@@ -155,7 +161,7 @@ def run(tiny: bool = False, formats=FORMATS, out: Path | None = None) -> list[di
                              "peer": "bf16 model, same run", "goal": f">= {goal}x bf16" if goal else "",
                              "met": None if goal is None or ratio is None else ratio >= goal,
                              "weights": kept, "checkpoint_bytes": (path / "model.safetensors").stat().st_size,
-                             "write_s": written, "load_s": loaded})
+                             "write_s": written, "load_s": loaded, "down_proj_kernels": _chosen(llm)})
                 print(rows[-1], flush=True)
                 if out is not None:
                     with open(out / "quant_models.jsonl", "a") as f:

@@ -269,7 +269,8 @@ def is_device_fault(exc: BaseException) -> bool:
     text = f"{type(exc).__name__}: {exc}"
     return type(exc).__name__ in ("AcceleratorError", "TensorParallelError") or any(
         mark in text for mark in ("CUDA error", "HIP error", "device-side assert", "illegal memory access",
-                                  "NCCL error", "Connection closed by peer", "gloo/transport"))
+                                  "NCCL error", "Connection closed by peer", "gloo/transport",
+                                  "shared-memory collective"))
 
 
 def _settle(fut: asyncio.Future, exc: BaseException | None) -> None:

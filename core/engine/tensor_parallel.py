@@ -3,11 +3,12 @@
 Rank 0 is the engine process itself: it schedules, samples and detokenizes as always, with its share of the model
 (core/models/tensor_parallel.py). Ranks 1..N-1 are worker processes it starts (multiprocessing "spawn"), each
 holding its share of the weights and of the KV cache (the same blocks, its own heads). Every forward pass on rank 0
-first broadcasts the step (a small header, then one int64 tensor holding ids, positions, slots, block tables,
-sequence lengths, query offsets and the rows whose logits are wanted); every rank then runs the same forward, and
-the layers' all-reduces (ops.all_reduce over the platform's ``dist_backend``: gloo on CPUs) make the ranks' partial
-sums whole. Every rank computes its vocabulary slice of the wanted rows' logits (``batch.logits_indices``: the
-caller must ask for exactly those rows), which an all-gather joins on every rank.
+first broadcasts the step (ops.broadcast of a fixed header of HEADER int64s, then of one int64 tensor holding ids,
+positions, slots, block tables, sequence lengths, query offsets and the rows whose logits are wanted); every rank
+then runs the same forward, and the layers' all-reduces (ops.all_reduce) make the ranks' partial sums whole. Every
+rank computes its vocabulary slice of the wanted rows' logits (``batch.logits_indices``: the caller must ask for
+exactly those rows), which ops.all_gather joins on every rank. The collectives are the platform's where it has them
+(the cpu platform's go through shared memory) and torch.distributed's over its ``dist_backend`` otherwise.
 
 Failures end in an error, not a hang: a worker that cannot load its share reports why before the group forms; a
 worker found dead before a step is named with its exit code; collectives time out after ``TIMEOUT``.
@@ -28,9 +29,12 @@ import torch
 import torch.distributed as dist
 
 from engine.core.models.batch import ForwardBatch
+from engine.core.ops.comm import broadcast
 
 TIMEOUT = datetime.timedelta(seconds=300)  # a collective waiting longer than this fails (a rank died mid-step)
 STARTUP_SECONDS = 600  # loading a share of the model
+HEADER = 8  # int64s: what comes next (STOP, KV or STEP) and its sizes
+STOP, KV, STEP = 0, 1, 2
 
 
 class TensorParallelError(RuntimeError):
@@ -75,13 +79,15 @@ def worker_main(rank: int, world: int, port: int, build: dict, env: dict, cores:
     dist.init_process_group(platform.dist_backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=TIMEOUT)
     try:
-        num_blocks, block_size = _recv_header()
+        kind, num_blocks, block_size = _recv_header(model.device)[:3]
+        if kind != KV:
+            raise TensorParallelError(f"rank {rank} expected the KV cache's geometry first, got message {kind}")
         tensors, heads, channels = model.cfg.kv_cache_layout
         kv = platform.empty_kv_caches(model.cfg.num_layers, (num_blocks, block_size, heads, channels), model.dtype,
                                       model.device)
         with torch.inference_mode():
-            while (header := _recv_header()) is not None:
-                ids, batch = _recv_step(header, model.device)
+            while (header := _recv_header(model.device))[0] == STEP:
+                ids, batch = _recv_step(header[1:], model.device)
                 hidden = model.forward(ids, batch, kv)
                 if batch.logits_indices.numel():  # rank 0 asks for these rows' logits: the vocab slices gather
                     model.logits(hidden[batch.logits_indices])
@@ -89,21 +95,21 @@ def worker_main(rank: int, world: int, port: int, build: dict, env: dict, cores:
         dist.destroy_process_group()
 
 
-def _recv_header():
-    box = [None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+def _recv_header(device) -> list[int]:
+    return broadcast(torch.zeros(HEADER, dtype=torch.int64, device=_wire_device(device)), 0).tolist()
 
 
-def _send_header(header) -> None:
-    dist.broadcast_object_list([header], src=0)
+def _send_header(device, kind: int, *sizes: int) -> None:
+    header = torch.zeros(HEADER, dtype=torch.int64)
+    header[:1 + len(sizes)] = torch.tensor((kind, *sizes), dtype=torch.int64)
+    broadcast(header.to(_wire_device(device)), 0)
 
 
 def _pack(ids: torch.Tensor, batch: ForwardBatch) -> tuple[tuple, torch.Tensor]:
     parts = (ids, batch.positions, batch.slot_mapping, batch.block_tables.reshape(-1), batch.seq_lens,
              batch.cu_seqlens_q, batch.logits_indices)
-    header = (ids.shape[0], tuple(batch.block_tables.shape), batch.seq_lens.shape[0], batch.is_decode,
-              batch.logits_indices.shape[0])
+    rows, cols = batch.block_tables.shape
+    header = (ids.shape[0], rows, cols, batch.seq_lens.shape[0], int(batch.is_decode), batch.logits_indices.shape[0])
     return header, torch.cat([p.to(torch.int64) for p in parts])
 
 
@@ -113,11 +119,10 @@ def _wire_device(device: torch.device) -> torch.device:
 
 
 def _recv_step(header, device) -> tuple[torch.Tensor, ForwardBatch]:
-    t, table_shape, b, is_decode, n_logits = header
-    w = table_shape[0] * table_shape[1]
+    t, rows, cols, b, is_decode, n_logits = header[:6]
+    table_shape, is_decode, w = (rows, cols), bool(is_decode), rows * cols
     flat = torch.empty(3 * t + w + 2 * b + 1 + n_logits, dtype=torch.int64, device=_wire_device(device))
-    dist.broadcast(flat, src=0)
-    flat = flat.to(device)
+    flat = broadcast(flat, 0).to(device)
     ids, pos, slots, tables, lens, cu, rows = flat.split([t, t, t, w, b, b + 1, n_logits])
     batch = ForwardBatch(positions=pos, slot_mapping=slots, block_tables=tables.to(torch.int32).view(table_shape),
                          seq_lens=lens.to(torch.int32), cu_seqlens_q=cu.to(torch.int32), is_decode=is_decode,
@@ -129,14 +134,15 @@ class TensorParallelModel:
     """Rank 0's model: its DecoderModel share, broadcasting each step to the workers before computing it. Has the
     DecoderModel interface the ModelRunner uses (``cfg``, ``dtype``, ``device``, ``forward``, ``logits``)."""
 
-    def __init__(self, model, workers: list, world: int):
+    def __init__(self, model, workers: list, world: int, restore_threads=None):
         self.model, self.workers, self.world = model, workers, world
+        self.restore_threads = restore_threads  # gives this process its thread count back at close()
         self.cfg, self.dtype, self.device = model.cfg, model.dtype, model.device
         self.closed = False
 
     def start_kv(self, num_blocks: int, block_size: int) -> None:
         """Tell the workers the KV cache's geometry (they allocate the same blocks for their heads)."""
-        _send_header((num_blocks, block_size))
+        _send_header(self.device, KV, num_blocks, block_size)
 
     def _check_workers(self) -> None:
         for rank, proc in enumerate(self.workers, start=1):
@@ -149,8 +155,8 @@ class TensorParallelModel:
             raise TensorParallelError("the tensor-parallel group has been shut down")
         self._check_workers()
         header, flat = _pack(input_ids, batch)
-        _send_header(header)
-        dist.broadcast(flat.to(_wire_device(self.device)), src=0)
+        _send_header(self.device, STEP, *header)
+        broadcast(flat.to(_wire_device(self.device)), 0)
         return self.model.forward(input_ids, batch, kv_caches)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -163,7 +169,7 @@ class TensorParallelModel:
         self.closed = True
         try:
             if all(p.is_alive() for p in self.workers):
-                _send_header(None)
+                _send_header(self.device, STOP)
         finally:
             for p in self.workers:
                 p.join(timeout=30)
@@ -171,6 +177,8 @@ class TensorParallelModel:
                     p.kill()
             if dist.is_initialized():
                 dist.destroy_process_group()
+            if self.restore_threads is not None:
+                self.restore_threads()
 
 
 def _rank_slice(platform, rank: int, world: int) -> tuple[dict, list[int]]:
@@ -202,7 +210,12 @@ def start(build: dict, world: int, platform, rank0_model_fn) -> TensorParallelMo
         proc.start()
         workers.append(proc)
         conns.append(parent)
+    threads_before = None
     try:
+        env0, _ = _rank_slice(platform, 0, world)
+        # rank 0 keeps to its share of the cores as the workers do: with the machine's default thread count its
+        # threads contend with the workers' at every collective (TP=2 decoded 48 tok/s so on 2 cores, 85 without)
+        threads_before = platform.use_host_threads(int(env0["ENGINE_NUM_THREADS"]))
         model = rank0_model_fn(0, world)
         platform.set_current_device(model.device)
         deadline = time.monotonic() + STARTUP_SECONDS
@@ -221,5 +234,7 @@ def start(build: dict, world: int, platform, rank0_model_fn) -> TensorParallelMo
     except BaseException:
         for p in workers:
             p.kill()
+        if threads_before is not None:
+            platform.use_host_threads(threads_before)
         raise
-    return TensorParallelModel(model, workers, world)
+    return TensorParallelModel(model, workers, world, lambda: platform.use_host_threads(threads_before))

@@ -7,9 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.distributed as dist
 
-from engine.core.ops.comm import all_reduce
+from engine.core.ops.comm import all_gather, all_reduce
 from engine.core.ops.gguf_quant import GGUF_QTYPES
 from engine.core.ops.norm import fused_add_rms_norm, rms_norm
 from engine.core.ops.registry import CallSite
@@ -136,6 +135,5 @@ class DecoderModel:
         per = -(-self.cfg.vocab_size // world)
         if out.shape[1] < per:  # the last slice, short of the others
             out = torch.nn.functional.pad(out, (0, per - out.shape[1]))
-        parts = [torch.empty_like(out) for _ in range(world)]
-        dist.all_gather(parts, out.contiguous())
-        return torch.cat(parts, dim=1)[:, :self.cfg.vocab_size]
+        parts = all_gather(out)  # [world, N, per]
+        return parts.permute(1, 0, 2).reshape(out.shape[0], world * per)[:, :self.cfg.vocab_size]

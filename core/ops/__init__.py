@@ -6,7 +6,7 @@ best implementation (see :mod:`engine.core.ops.registry`). Importing this packag
 
 from .activation import silu_and_mul
 from .attention import paged_attention_decode, paged_attention_prefill
-from .comm import all_reduce
+from .comm import all_gather, all_reduce, broadcast
 from .fp8 import fp8_linear
 from .fp8_quant import fp8_quantize_per_token
 from .gguf_q8act import gguf_linear_q8act
@@ -26,7 +26,8 @@ from .rotary_kv import rotary_write_kv
 
 __all__ = [
     "OPS", "Case", "KernelRegistry", "OpDef", "Tolerance", "active_registry",
-    "all_reduce", "build_cos_sin_cache", "fp8_linear", "fused_add_rms_norm", "fused_moe", "fused_moe_fp8",
+    "all_gather", "all_reduce", "broadcast", "build_cos_sin_cache", "fp8_linear", "fused_add_rms_norm", "fused_moe",
+    "fused_moe_fp8",
     "fused_moe_gguf", "fused_moe_nvfp4",
     "gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "linear", "mla_decode", "nvfp4_linear", "nvfp4_linear_w4a4",
     "nvfp4_quantize",

@@ -78,9 +78,10 @@ class OpDef:
     # The relative error a right kernel may add beyond its output's rounding, where the hardware's arithmetic is
     # coarser than the reference's fp32 (FP8 tensor cores accumulate in fewer bits than fp32).
     accumulation_roundoff: float = 0.0
-    # A collective (all_reduce): its kernels need a process group of several ranks, so the kit serves them in its
-    # multi-process check (engine.core.testing.distributed), not one process.
-    collective: bool = False
+    # A collective (all_reduce, all_gather, broadcast): across_ranks(inputs, rank) -> what rank ``rank`` must return,
+    # given the call arguments of every rank (a list indexed by rank). Its kernels need a process group of several
+    # ranks, so the kit serves them in its multi-process check (engine.core.testing.distributed), not one process.
+    across_ranks: Callable | None = None
 
     def __post_init__(self):
         _LIB.define(self.name + self.schema)
@@ -88,6 +89,10 @@ class OpDef:
         torch.library.register_fake(f"engine::{self.name}", self.fake, lib=_LIB)
         self.reference_impl = Impl(self.name, "reference", self.reference, platform="core", priority=-(10**9))
         OPS[self.name] = self
+
+    @property
+    def collective(self) -> bool:
+        return self.across_ranks is not None
 
     @property
     def dtypes(self) -> tuple:

@@ -1,5 +1,6 @@
-"""The all_reduce check across two processes: every registered all_reduce (and the reference) sums two ranks'
-tensors, each rank on its own device, through the platform's distributed backend."""
+"""The collectives' check across two processes: for every collective op (all_reduce, all_gather, broadcast), every
+registered implementation and the reference give each rank what the op's ``across_ranks`` says, from both ranks'
+inputs, each rank on its own device, through the platform's distributed backend."""
 
 from __future__ import annotations
 
@@ -22,6 +23,29 @@ def _inputs(op, case, dtype, device, seed: int, rank: int):
     return op.make_inputs(dict(case.params), dtype, device, gen)
 
 
+def _check_op(op, registry, platform, device, seed: int, rank: int) -> None:
+    for impl in [*registry.implementations(op), op.reference_impl]:
+        taken = 0
+        for case in op.cases:
+            for dtype in case.dtypes or op.dtypes:
+                # integer tensors travel on every platform (a step's token ids); float ones in the platform's dtypes
+                if dtype.is_floating_point and dtype not in platform.supported_dtypes():
+                    continue
+                args = _inputs(op, case, dtype, device, seed, rank)
+                if impl.verdict(args) is not None:
+                    continue
+                want = op.across_ranks([_inputs(op, case, dtype, "cpu", seed, r) for r in range(WORLD)], rank)
+                got = impl.fn(*args)
+                if got is args[0]:
+                    raise ConformanceFailure(f"{impl.qualname}: {op.name} must return a new tensor, not its input")
+                compare(op, dtype, [got.cpu()], [want.to(dtype)], f"{op.name}-{impl.qualname}-{case.name}-{dtype} "
+                        f"rank {rank} (seed {seed})")
+                taken += 1
+        if not taken:  # a registration that never runs, even where it can (several ranks)
+            raise ConformanceFailure(f"{impl.qualname}: registered for {op.name} but declines every case across "
+                                     f"{WORLD} ranks")
+
+
 def _rank_main(rank: int, platform_name: str, seed: int, init_file: str, errors) -> None:
     from engine.core import plugins
 
@@ -33,26 +57,8 @@ def _rank_main(rank: int, platform_name: str, seed: int, init_file: str, errors)
                                 world_size=WORLD)
         registry = plugins.build_registry(platform)
         plugins.set_active_registry(registry)
-        op = OPS["all_reduce"]
-        for impl in [*registry.implementations(op), op.reference_impl]:
-            taken = 0
-            for case in op.cases:
-                for dtype in case.dtypes or op.dtypes:
-                    if dtype not in platform.supported_dtypes():
-                        continue
-                    (x,) = _inputs(op, case, dtype, device, seed, rank)
-                    if impl.verdict((x,)) is not None:
-                        continue
-                    want = sum(_inputs(op, case, dtype, "cpu", seed, r)[0].double() for r in range(WORLD))
-                    got = impl.fn(x)
-                    if got is x:
-                        raise ConformanceFailure(f"{impl.qualname}: all_reduce must return a new tensor, not x")
-                    compare(op, dtype, [got.cpu()], [want.to(dtype)], f"all_reduce-{impl.qualname}-{case.name}-"
-                            f"{dtype} rank {rank} (seed {seed})")
-                    taken += 1
-            if not taken:  # a registration that never runs, even where it can (several ranks)
-                raise ConformanceFailure(f"{impl.qualname}: registered for all_reduce but declines every case across "
-                                         f"{WORLD} ranks")
+        for op in [op for op in OPS.values() if op.collective]:
+            _check_op(op, registry, platform, device, seed, rank)
         dist.barrier()
     except BaseException as exc:  # reported to the parent, which fails the test with it
         errors.put(f"rank {rank}: {type(exc).__name__}: {exc}")
@@ -62,7 +68,7 @@ def _rank_main(rank: int, platform_name: str, seed: int, init_file: str, errors)
             dist.destroy_process_group()
 
 
-def check_all_reduce_two_ranks(platform_name: str, seed: int) -> None:
+def check_collectives_two_ranks(platform_name: str, seed: int) -> None:
     """Spawn two ranks of ``platform_name``; raise ConformanceFailure with the ranks' errors if any failed."""
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
@@ -76,10 +82,10 @@ def check_all_reduce_two_ranks(platform_name: str, seed: int) -> None:
             p.join(timeout=300)
             if p.is_alive():
                 p.kill()
-                raise ConformanceFailure("all_reduce across two processes did not finish in 300 s")
+                raise ConformanceFailure("the collectives across two processes did not finish in 300 s")
     msgs = []
     while not errors.empty():
         msgs.append(errors.get())
     if msgs or any(p.exitcode != 0 for p in procs):
-        raise ConformanceFailure("all_reduce across two processes failed: " + "; ".join(msgs or [
+        raise ConformanceFailure("the collectives across two processes failed: " + "; ".join(msgs or [
             f"exit codes {[p.exitcode for p in procs]}"]))

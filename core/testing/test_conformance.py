@@ -22,11 +22,11 @@ def test_kernels_serve_every_dtype_and_shape_claimed(engine_coverage, engine_kit
     record_property("engine_coverage", {engine_coverage.id.removesuffix("-served"): taken})
 
 
-def test_all_reduce_across_two_processes(engine_kit):
-    from engine.core.testing.distributed import check_all_reduce_two_ranks
+def test_collectives_across_two_processes(engine_kit):
+    from engine.core.testing.distributed import check_collectives_two_ranks
 
     platform, _registry, seed = engine_kit
     if platform.device_type != "cpu" and platform.device_count() < 2:
-        pytest.skip(f"all_reduce across two processes needs two {platform.name} devices; "
+        pytest.skip(f"the collectives across two processes need two {platform.name} devices; "
                     f"{platform.device_count()} visible")
-    check_all_reduce_two_ranks(platform.name, seed)
+    check_collectives_two_ranks(platform.name, seed)

@@ -80,6 +80,15 @@ class CpuPlatform(Platform):
         out["native_threads"] = f"{_native.num_threads()} (ENGINE_NUM_THREADS sets it)"
         return out
 
+    def use_host_threads(self, n: int) -> int:
+        """torch's threads and the native kernels' pool both (returns torch's count before)."""
+        before = super().use_host_threads(n)
+        if config.check_native() is None:
+            from . import _native
+
+            _native.set_num_threads(n)
+        return before
+
     def empty_kv_caches(self, count, shape, dtype, device):
         return kv_cache.empty_kv_caches(count, shape, dtype)
 

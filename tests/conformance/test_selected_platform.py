@@ -4,10 +4,10 @@ The same tests the kit ships (``python -m pytest --pyargs engine.core.testing``)
 """
 
 from engine.core.testing.test_conformance import (
-    test_all_reduce_across_two_processes,
+    test_collectives_across_two_processes,
     test_kernel_matches_reference,
     test_kernels_serve_every_dtype_and_shape_claimed,
 )
 
-__all__ = ["test_all_reduce_across_two_processes", "test_kernel_matches_reference",
+__all__ = ["test_collectives_across_two_processes", "test_kernel_matches_reference",
            "test_kernels_serve_every_dtype_and_shape_claimed"]

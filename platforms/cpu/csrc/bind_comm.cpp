@@ -23,6 +23,17 @@ void bind_shm_all_reduce(py::module_& m) {
       py::call_guard<py::gil_scoped_release>(),
       "out = the sum over ranks of each rank's x (contiguous, numel elements; dtype 0 fp32, 1 bf16, 2 fp16), through "
       "the shared segment at base; gen: this call's sequence number, the same on every rank.");
+  m.def(
+      "shm_exchange",
+      recordable([](std::uintptr_t base, int rank, int world, int64_t slot_bytes, int64_t gen, std::uintptr_t x,
+                    int64_t nbytes, double timeout_s) {
+        shm_exchange(reinterpret_cast<uint8_t*>(base), rank, world, slot_bytes, gen,
+                     reinterpret_cast<const uint8_t*>(x), nbytes, timeout_s);
+      }),
+      py::arg("base"), py::arg("rank"), py::arg("world"), py::arg("slot_bytes"), py::arg("gen"), py::arg("x"),
+      py::arg("nbytes"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+      "copy nbytes at x into this rank's slot of bank gen % 2 and wait until every rank has done so for gen (the "
+      "slots then hold every rank's bytes until this rank's next call).");
 }
 
 }  // namespace engine_cpu

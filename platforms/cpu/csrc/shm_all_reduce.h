@@ -11,4 +11,9 @@ namespace engine_cpu {
 void shm_all_reduce(uint8_t* base, int rank, int world, int64_t slot_bytes, int64_t gen, const uint8_t* x, uint8_t* out,
                     int64_t numel, int dtype, double timeout_s);
 
+// Steps 1-2 of every collective: copy nbytes of x (0: none) into this rank's slot of bank gen % 2, publish gen, wait
+// for every rank to publish it. The slots of that bank then hold every rank's bytes until this rank's next call.
+void shm_exchange(uint8_t* base, int rank, int world, int64_t slot_bytes, int64_t gen, const uint8_t* x,
+                  int64_t nbytes, double timeout_s);
+
 }  // namespace engine_cpu

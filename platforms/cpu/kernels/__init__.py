@@ -11,7 +11,7 @@ from __future__ import annotations
 
 NATIVE_OPS = ("gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "rms_norm", "fused_add_rms_norm",
               "paged_attention_decode", "paged_attention_prefill", "write_kv_cache", "silu_and_mul", "rotary_embedding",
-              "rotary_write_kv", "fused_moe", "mla_decode", "fused_moe_gguf", "all_reduce")
+              "rotary_write_kv", "fused_moe", "mla_decode", "fused_moe_gguf", "all_reduce", "all_gather", "broadcast")
 
 
 def register(registry, fp16_max_m=None) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.core.engine.tensor_parallel import TensorParallelError
+from engine.core.engine.tensor_parallel import TensorParallelError, _rank_slice
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.",
            "Repeat after me: one two three four five six seven eight nine ten. " * 3]
@@ -29,8 +29,12 @@ def reference(one_rank):
 
 
 def test_two_ranks_give_one_rank_s_greedy_tokens(reference, one_rank):
+    threads = torch.get_num_threads()
     llm = LLM(tensor_parallel_size=2, max_num_batched_tokens=32)  # the long prompt prefills in chunks
     try:
+        # rank 0 keeps to its share of the cores, as the worker does (both on all of them contend at every collective)
+        env0, _ = _rank_slice(llm.platform, 0, 2)
+        assert torch.get_num_threads() == int(env0["ENGINE_NUM_THREADS"]) <= max(1, threads // 2 + threads % 2)
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)] == reference
         ids = llm.tokenizer.encode(PROMPTS[1])  # every position's logits, all vocabulary slices gathered
         torch.testing.assert_close(llm.prompt_logits(ids), one_rank.prompt_logits(ids), atol=2e-3, rtol=1e-3)
@@ -40,6 +44,7 @@ def test_two_ranks_give_one_rank_s_greedy_tokens(reference, one_rank):
         llm.close()
     worker.join(10)
     assert not worker.is_alive() and worker.exitcode == 0
+    assert torch.get_num_threads() == threads, "close() gives this process its threads back"
     with pytest.raises(TensorParallelError, match="shut down"):
         llm.generate(PROMPTS[:1], PARAMS)
 

@@ -1,4 +1,5 @@
-"""all_reduce: two real gloo processes on this machine, and the single-process identity."""
+"""all_reduce, all_gather, broadcast: two real gloo processes on this machine (the references and whatever the
+platform dispatches to), and the single-process copy."""
 
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def _worker(rank: int, port: int, seed: int) -> None:
                     assert torch.equal(x, before), "all_reduce must not modify its input"
                     rtol = 1e-6 if dtype == torch.float32 else 2**-8
                     torch.testing.assert_close(got, want, atol=1e-6, rtol=rtol)
+                everyone = torch.stack([_rank_tensor(seed, r, shape, dtype) for r in range(WORLD)])
+                for fn in (comm.all_gather.reference, torch.ops.engine.all_gather, comm.all_gather):
+                    assert torch.equal(fn(x), everyone)
+                for src in range(WORLD):
+                    for fn in (comm.broadcast.reference, torch.ops.engine.broadcast, comm.broadcast):
+                        got = fn(x, src)
+                        assert torch.equal(got, everyone[src]) and got.data_ptr() != x.data_ptr()
+                        assert torch.equal(x, before), "broadcast must not modify its input"
     finally:
         dist.destroy_process_group()
 
@@ -61,7 +70,24 @@ def test_single_process_is_a_copy(case, dtype):
         assert torch.equal(got, x) and got.dtype == dtype and got.data_ptr() != x.data_ptr()
 
 
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.int64], ids=str)
+@pytest.mark.parametrize("case", comm.all_gather.cases, ids=lambda c: c.name)
+def test_single_process_gather_and_broadcast_copy(case, dtype):
+    assert not dist.is_initialized() and comm.world_size() == 1
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    (x,) = comm.all_gather.make_inputs(case.params, dtype, "cpu", gen)
+    for fn in (comm.all_gather.reference, torch.ops.engine.all_gather, comm.all_gather):
+        got = fn(x)
+        assert got.shape == (1, *x.shape) and torch.equal(got[0], x) and got.data_ptr() != x.data_ptr()
+    for fn in (comm.broadcast.reference, torch.ops.engine.broadcast, comm.broadcast):
+        got = fn(x, 0)
+        assert torch.equal(got, x) and got.data_ptr() != x.data_ptr()
+
+
 def test_fake_shape():
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         out = comm.all_reduce.torch_op(mode.from_tensor(torch.empty(3, 5, dtype=torch.bfloat16)))
         assert out.shape == (3, 5) and out.dtype == torch.bfloat16
+        out = comm.all_gather.torch_op(mode.from_tensor(torch.empty(3, 5, dtype=torch.bfloat16)))
+        assert out.shape == (1, 3, 5)
+        assert comm.broadcast.torch_op(mode.from_tensor(torch.empty(4, dtype=torch.int64)), 0).shape == (4,)

@@ -182,20 +182,31 @@ def test_ops_without_a_kernel_are_checked_through_their_reference():
         run_check(check, torch.device("cpu"), fresh_seed())
 
 
-def test_kit_fails_a_wrong_all_reduce_across_two_processes(tmp_path):
-    site = write_plugin_dist(tmp_path, "noreduce-vendor", "noreduce", "noreduce_mod", """
+# each a kernel that is right in one process and wrong across ranks: it ignores the other rank
+WRONG_COLLECTIVES = {
+    "all_reduce": "lambda x: x.clone()",
+    "all_gather": "lambda x: torch.stack([x, x])",
+    "broadcast": "lambda x, src: x.clone()",
+}
+
+
+@pytest.mark.parametrize("op", sorted(WRONG_COLLECTIVES))
+def test_kit_fails_a_wrong_collective_across_two_processes(tmp_path, op):
+    site = write_plugin_dist(tmp_path, "lonely-vendor", "lonely", "lonely_mod", f"""
+        import torch
         from engine.core.platform import Platform
-        class NoReduce(Platform):
-            name = "noreduce"
+        class Lonely(Platform):
+            name = "lonely"
             priority = 1
             @classmethod
             def probe(cls):
                 return True, "emulated"
             def register_kernels(self, registry):
-                registry.register("all_reduce", lambda x: x.clone(), name="forgets_other_ranks")
-        """, "NoReduce")
-    proc = run_engine(["--pyargs", "engine.core.testing", "--engine-platform", "noreduce", "-q", "-k",
+                registry.register({op!r}, {WRONG_COLLECTIVES[op]}, name="forgets_other_ranks")
+        """, "Lonely")
+    proc = run_engine(["--pyargs", "engine.core.testing", "--engine-platform", "lonely", "-q", "-k",
                        "two_processes", "-p", "no:cacheprovider", "-o", "addopts="], site, module="pytest")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
-    assert "noreduce.forgets_other_ranks" in out and "differs from the reference" in out
+    assert "lonely.forgets_other_ranks" in out and f"{op}-lonely.forgets_other_ranks" in out, out
+    assert "differs from the reference" in out or "exceed" in out, out
