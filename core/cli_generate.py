@@ -31,6 +31,9 @@ def add_model_arguments(p) -> None:
                    help="GPU platforms: fraction of the device's memory for weights, activations and KV cache")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no decode graphs (CUDA graphs on GPUs, recorded kernel calls on CPUs)")
+    p.add_argument("--skip-warmup", action="store_true",
+                   help="GPU platforms: start without running the first requests' shapes at load (each kernel then "
+                        "compiles on the first request that needs it)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="split the model over N ranks, one process each (dense and MoE decoders; gloo on CPUs, NCCL on "
                         "GPUs: one device a rank)")
@@ -108,7 +111,8 @@ def llm_kwargs(args) -> dict:
     return dict(model=args.model, dtype=args.dtype, activation_quant=args.activation_quant,
                 gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
                 speculative_config=getattr(args, "speculative_config", None),
-                tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))
+                tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
+                warmup=False if getattr(args, "skip_warmup", False) else None)
 
 
 def load_llm(args, **kwargs):

@@ -45,6 +45,9 @@ class Platform:
     # True: the engine's default is async scheduling (a step's host work overlaps the previous step's device
     # work; LLMEngine). It pays where kernels run after the host queues them; on the host it only adds work.
     async_scheduling: ClassVar[bool] = False
+    # True: LLM runs the shapes of a server's first requests at load by default (LLM.warm_up), because kernels
+    # compile on their first use here (Triton's JIT), which would otherwise fall on the first requests.
+    warmup_at_load: ClassVar[bool] = False
     # The environment variable naming the devices a process may use (CUDA_VISIBLE_DEVICES, ...): a data-parallel
     # server gives each engine process one device through it. None on a host platform, whose engine processes
     # share out the cores instead.
@@ -169,6 +172,7 @@ class TorchAcceleratorPlatform(Platform):
 
     memory_sized_kv_cache = True
     device_graphs = True
+    warmup_at_load = True
 
     def _module(self):
         return torch.get_device_module(self.device_type)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 from contextlib import contextmanager
@@ -24,6 +26,8 @@ from .outputs import RequestOutput, StepUpdate
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
+
+log = logging.getLogger("engine")
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 ACTIVATION_QUANT = ("auto", "q8", "none")
@@ -73,6 +77,8 @@ class LLM:
     ``{"method": "ngram", "num_speculative_tokens_per_batch_size": {1: 4, 8: 2, 32: 0}}``.
     ``async_scheduling``: overlap each step's host work with the device's work on the step before (see
     LLMEngine); None: where the platform says it pays (``Platform.async_scheduling``).
+    ``warmup``: run the first requests' shapes at load (``warm_up``); None: where kernels compile on first use
+    (``Platform.warmup_at_load``: GPU platforms), so the first requests run as fast as later ones.
     ``tensor_parallel_size``: split the model over that many ranks, one process each (this one is rank 0; the
     others are started here and stopped by ``close()``), collectives over the platform's ``dist_backend``
     (engine/tensor_parallel.py). Dense and MoE decoders (not MLA); decode graphs are off.
@@ -85,7 +91,7 @@ class LLM:
                  enable_prefix_caching: bool = True, dequantize: bool = False, activation_quant: str = "none",
                  gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
                  speculative_config: dict | None = None, async_scheduling: bool | None = None,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, warmup: bool | None = None):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
@@ -140,6 +146,37 @@ class LLM:
             from .spec_decode import build_speculator
 
             self.engine.speculator = build_speculator(speculative_config, self)
+        self.warmup_seconds = None  # what warm_up() took at load (None: it did not run)
+        if self.platform.warmup_at_load if warmup is None else warmup:
+            self.warmup_seconds = self.warm_up()
+
+    def warm_up(self) -> float:
+        """Run the shapes a server's first requests bring, so none of them pays a kernel's compilation: one prompt
+        filling a whole prefill chunk, then ``max_num_seqs`` short prompts (an odd length, as most are) decoding
+        together, greedy and sampled. Random token ids, nothing kept: their blocks go back to the pool and the
+        statistics are reset. Returns the seconds it took (logged). Runs at load where the platform compiles
+        kernels on first use (``Platform.warmup_at_load``: the GPU platforms); ``LLM(warmup=False)`` or
+        ``--skip-warmup`` skips it."""
+        start = time.perf_counter()
+        gen = torch.Generator().manual_seed(0)
+        vocab = self.config.vocab_size
+
+        def ids(n: int) -> list[int]:
+            return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+        chunk = max(1, min(self.scheduler.max_num_batched_tokens, self.max_model_len - 4))
+        seqs = self.scheduler.max_num_seqs
+        greedy = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+        sampled = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, max_tokens=3, ignore_eos=True, seed=0)
+        self.generate([ids(chunk)], greedy)
+        short = min(17, self.max_model_len - 4)
+        self.generate([ids(short) for _ in range(seqs)], [greedy if i % 2 else sampled for i in range(seqs)])
+        self.platform.synchronize()
+        self.engine.stats.reset()
+        seconds = time.perf_counter() - start
+        log.info("warm-up at load: %.1f s (a %d-token prefill chunk, %d sequences decoding; --skip-warmup skips it)",
+                 seconds, chunk, seqs)
+        return seconds
 
     # ---- requests -----------------------------------------------------------------------------
     def _add(self, prompt, params: SamplingParams) -> str:

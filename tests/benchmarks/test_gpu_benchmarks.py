@@ -207,3 +207,14 @@ def test_quant_models_tiny(tmp_path):
     assert size["bf16"] > size["fp8"] > size["nvfp4"] > 0 and size["fp8"] > size["gptq"] > 0, size
     assert all(r["tok_s"] > 0 and r["vs_bf16"] > 0 for r in rows), rows
     assert len((tmp_path / "quant_models.jsonl").read_text().splitlines()) == len(rows)
+
+
+def test_first_request_tiny(tmp_path):
+    """first_request.py at its tiny size: both engines (warm-up off, on) serve each batch size twice, the warm-up's
+    time is reported where it ran, and the rows reach the results file."""
+    rows = _module("first_request").run(tiny=True, out=tmp_path)
+    assert [(r["bench"].split()[-1], r["shape"].split()[0]) for r in rows] == [
+        ("off", "1"), ("off", "4"), ("on", "1"), ("on", "4")]
+    assert all(r["first_tok_s"] > 0 and r["warm_tok_s"] > 0 and r["ratio"] > 0 for r in rows), rows
+    assert [r["warmup_s"] is None for r in rows] == [True, True, False, False]
+    assert len((tmp_path / "first_request.jsonl").read_text().splitlines()) == 4
