@@ -119,8 +119,8 @@ def _wire_device(device: torch.device) -> torch.device:
 
 
 def _recv_step(header, device) -> tuple[torch.Tensor, ForwardBatch]:
-    t, rows, cols, b, is_decode, n_logits = header[:6]
-    table_shape, is_decode, w = (rows, cols), bool(is_decode), rows * cols
+    t, table_rows, table_cols, b, is_decode, n_logits = header[:6]
+    table_shape, is_decode, w = (table_rows, table_cols), bool(is_decode), table_rows * table_cols
     flat = torch.empty(3 * t + w + 2 * b + 1 + n_logits, dtype=torch.int64, device=_wire_device(device))
     flat = broadcast(flat, 0).to(device)
     ids, pos, slots, tables, lens, cu, rows = flat.split([t, t, t, w, b, b + 1, n_logits])
