@@ -169,7 +169,7 @@ class LLM:
         greedy = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
         sampled = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, max_tokens=3, ignore_eos=True, seed=0)
         self.generate([ids(chunk)], greedy)
-        short = min(17, self.max_model_len - 4)
+        short = max(1, min(17, self.max_model_len - 4))
         self.generate([ids(short) for _ in range(seqs)], [greedy if i % 2 else sampled for i in range(seqs)])
         self.platform.synchronize()
         self.engine.stats.reset()

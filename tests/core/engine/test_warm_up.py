@@ -40,3 +40,7 @@ def test_skip_warmup_flag_reaches_llm():
     add_model_arguments(p)
     assert llm_kwargs(p.parse_args(["--skip-warmup"]))["warmup"] is False
     assert llm_kwargs(p.parse_args([]))["warmup"] is None  # the platform's default
+
+
+def test_a_tiny_context_still_warms_up(default_model):
+    assert LLM(max_model_len=6, num_kv_blocks=8, warmup=True).warmup_seconds > 0
