@@ -11,6 +11,7 @@ from engine.core.models.decoder import DecoderModel
 from engine.core.platform import Platform
 
 from .decode_graphs import DecodeGraphs
+from .sampler import take_rows
 from .sequence import Sequence
 
 
@@ -172,7 +173,7 @@ class ModelRunner:
         self._note_blocks_reached(max(slots))
         logits = self.graphs.run_verify(key, ids, positions, slots, cu, tables, seq_lens)
         if keep != list(range(len(keep))) or len(keep) != rows:
-            logits = logits.index_select(0, torch.tensor(keep, device=logits.device))
+            logits = take_rows(logits, keep)
         return logits, [seq for seq, _ in scheduled]
 
     def _note_blocks_reached(self, max_slot: int) -> None:

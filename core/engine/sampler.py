@@ -40,11 +40,11 @@ class Sampler:
         greedy = [i for i, p in enumerate(params) if p.greedy]
         rand = [i for i, p in enumerate(params) if not p.greedy]
         if not rand:
-            return _argmax(logits)
+            return argmax_rows(logits)
         out = torch.empty(len(seqs), dtype=torch.int64, device=device)
         if greedy:
             g = _on_device(greedy, device)
-            out[g] = _argmax(logits[g])
+            out[g] = argmax_rows(logits[g])
         r = _on_device(rand, device) if greedy else None
         x = (logits if r is None else logits[r]).float()
         probs = sampling_probs(x, [params[i] for i in rand])
@@ -58,7 +58,7 @@ class Sampler:
                              ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """The sampled token ids as a host list and, per row, its TokenLogprobs (None for rows not asking)."""
         rows = self._host_rows(logits)
-        if rows is not None and rows.shape[0] == len(seqs) and all(map(_plain_greedy, seqs)):
+        if rows is not None and rows.shape[0] == len(seqs) and all(map(plain_greedy, seqs)):
             # The common CPU decode step, by the shortest path: it runs right after the model's weights streamed
             # through the caches, so every Python and torch call here is a cold one (one 49k-token row after a
             # 100 MB read: 140 us by the general path, 50 us by this one; 2-core Zen 5, 2026-12-01).
@@ -66,7 +66,7 @@ class Sampler:
         return self.sample_on_device(logits, seqs).to_host().result()
 
     def _host_rows(self, logits: torch.Tensor) -> np.ndarray | None:
-        """Host fp32 ``logits`` as a numpy array sharing their memory (what ``_argmax`` reads), else None. Made
+        """Host fp32 ``logits`` as a numpy array sharing their memory (what ``argmax_rows`` reads), else None. Made
         once per tensor: the decode graphs return the same logits view every step, and the torch calls around
         the argmax cost ~50 us a step there, all cold (sampler 97 -> 44 us a single-stream decode step, 2-core
         Zen 5, 2026-12-02)."""
@@ -149,19 +149,28 @@ class DeviceSample:
         return host, out
 
 
-def _plain_greedy(seq: Sequence) -> bool:
+def plain_greedy(seq: Sequence) -> bool:
     """Greedy, with nothing to apply to its logits and no logprobs to return: its token is the argmax."""
     p = seq.params
     return p.greedy and not p.has_penalties and not p.logits_processors and p.logprobs is None
 
 
-def _argmax(x: torch.Tensor) -> torch.Tensor:
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """The argmax of each row of [N, V] logits, int64. Host fp32 rows go through numpy: the same answer (the first
     maximum; a NaN counts as the maximum) in ~8 us a 49k-token row instead of torch's ~100 us (measured on a 2-core
     Xeon, issue 11), a step's largest host cost after the model's."""
     if _host_fp32(x):
         return torch.from_numpy(x.numpy().argmax(axis=-1))
     return x.argmax(dim=-1)
+
+
+def take_rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``x[rows]`` for [N, V] logits. Host fp32 rows are copied by numpy: torch's indexed copy of rows this long
+    runs on its OpenMP pool, whose threads then spin for milliseconds against the native kernels' own threads (on
+    2 cores the next step's linear layers ran 1.5-1.9x slower)."""
+    if _host_fp32(x):
+        return torch.from_numpy(x.numpy()[rows])
+    return x.index_select(0, torch.tensor(rows, device=x.device))
 
 
 def _host_fp32(x: torch.Tensor) -> bool:

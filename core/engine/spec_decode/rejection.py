@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampler import Sampler, _seq_generator, sampling_probs
+from ..sampler import Sampler, _seq_generator, argmax_rows, sampling_probs
 from ..sequence import Sequence
 
 
@@ -30,7 +30,7 @@ def rejection_sample(logits: torch.Tensor, seqs: list[Sequence], drafts: list[li
         raise ValueError(f"rejection_sample: logits {tuple(logits.shape)} do not hold {num_rows} rows for "
                          f"{len(seqs)} sequences with {len(drafts)} drafts")
     device = logits.device
-    greedy_tok = logits.argmax(dim=-1)
+    greedy_tok = argmax_rows(logits)
     row_seq, draft_row, draft_tok, q_row = [], [], [], []
     num_q = 0
     for s, d in zip(seqs, drafts, strict=True):
@@ -69,22 +69,21 @@ def rejection_sample(logits: torch.Tensor, seqs: list[Sequence], drafts: list[li
     g, acc, alt_tok = out
     result, r = [], 0
     for s, d in zip(seqs, drafts, strict=True):
-        emitted = []
-        for j, t in enumerate(d):
-            if s.params.greedy:
-                if t != g[r + j]:
-                    emitted.append(g[r + j])
-                    break
-            elif not acc[r + j]:
-                emitted.append(alt_tok[r + j])
-                break
-            emitted.append(t)
+        if s.params.greedy:
+            result.append(greedy_emit(d, g[r:r + len(d) + 1]))
         else:
-            last = r + len(d)
-            emitted.append(g[last] if s.params.greedy else alt_tok[last])
-        result.append(emitted)
+            j = next((j for j in range(len(d)) if not acc[r + j]), len(d))
+            result.append([*d[:j], alt_tok[r + j]])
         r += len(d) + 1
     return result
+
+
+def greedy_emit(draft: list[int], targets: list[int]) -> list[int]:
+    """Greedy verification of ``draft`` (k tokens) against ``targets``, the target model's argmax at each of its
+    k + 1 rows: the drafts up to the first that differs from its row's argmax, then that argmax (after k matching
+    drafts, the last row's: the bonus token)."""
+    j = next((j for j, t in enumerate(draft) if t != targets[j]), len(draft))
+    return [*draft[:j], targets[j]]
 
 
 def _uniforms(seqs: list[Sequence], device: torch.device, generator: torch.Generator | None) -> torch.Tensor:

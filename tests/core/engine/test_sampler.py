@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from engine.core.engine.sampler import Sampler
+from engine.core.engine.sampler import Sampler, take_rows
 from engine.core.engine.sampling_params import SamplingParams
 from engine.core.engine.sequence import Sequence
 
@@ -216,3 +216,15 @@ def test_plain_greedy_host_path_reads_a_reused_tensor_anew():
         assert sampler.sample_with_logprobs(half, seqs)[0] == half.argmax(dim=-1).tolist()
         buf.copy_(torch.randn(3, 1000))
         assert sampler.sample_with_logprobs(buf, seqs)[0] == buf.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_take_rows_equals_indexing(dtype):
+    """take_rows (numpy on host fp32 logits, index_select otherwise) returns x[rows]: any order, repeats, a copy."""
+    x = torch.randn(12, 1000).to(dtype)
+    for rows in ([0], [3, 1, 2], [5, 5, 11, 0], list(range(12))):
+        got = take_rows(x, rows)
+        assert got.dtype == dtype and torch.equal(got, x[torch.tensor(rows)])
+    got = take_rows(x, [2])
+    got.zero_()
+    assert x[2].abs().sum() > 0

@@ -9,7 +9,8 @@ import torch
 from engine import SamplingParams
 from engine.core.engine.sampler import Sampler
 from engine.core.engine.sequence import Sequence
-from engine.core.engine.spec_decode.rejection import rejection_sample
+from engine.core.engine.spec_decode.rejection import greedy_emit, rejection_sample
+from engine.core.engine.spec_decode.speculator import Speculator
 
 V = 8
 N = 20000
@@ -97,3 +98,38 @@ def test_seeded_requests_repeat():
         seqs = [Sequence([1], SamplingParams(temperature=1.0, seed=1234)) for _ in range(50)]
         runs.append(rejection_sample(torch.cat([logits] * 50), seqs, [[3]] * 50, None, Sampler()))
     assert runs[0] == runs[1]
+
+
+def test_greedy_emit_keeps_drafts_up_to_the_first_mismatch():
+    """Against a brute-force walk, on random drafts of every length 0..6 that match a random prefix."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    for _ in range(200):
+        k = int(torch.randint(0, 7, (), generator=gen))
+        targets = torch.randint(0, 5, (k + 1,), generator=gen).tolist()
+        match = int(torch.randint(0, k + 1, (), generator=gen))
+        draft = targets[:match] + torch.randint(0, 5, (k - match,), generator=gen).tolist()
+        want = []
+        for j in range(k + 1):
+            want.append(targets[j])
+            if j == k or draft[j] != targets[j]:
+                break
+        assert greedy_emit(draft, targets) == want
+
+
+def test_verify_of_greedy_rows_equals_rejection_sampling_per_sequence():
+    """Speculator._verify's all-greedy path (one argmax over every row) emits what rejection_sample gives each
+    sequence on its own rows, sequences without drafts their row's argmax."""
+    drafts_by_seq = [[], [1, 2, 3], [4], [], [5, 6]]
+    seqs = [Sequence([1, 2], SamplingParams(temperature=0)) for _ in drafts_by_seq]
+    rows = sum(len(d) + 1 for d in drafts_by_seq)
+    logits = torch.randn(rows, V)
+    best = logits.argmax(dim=-1).tolist()
+    drafts_by_seq[1][0] = best[1]  # one accepted draft at least
+    drafts = {s.seq_id: d for s, d in zip(seqs, drafts_by_seq, strict=True) if d}
+    emitted, logprobs = Speculator._verify(None, logits, seqs, drafts, None, Sampler())
+    r = 0
+    for s, d in zip(seqs, drafts_by_seq, strict=True):
+        want = rejection_sample(logits[r:r + len(d) + 1], [s], [d], None, Sampler())[0] if d else [best[r]]
+        assert emitted[s.seq_id] == want and logprobs[s.seq_id] is None
+        r += len(d) + 1
+    assert emitted[seqs[1].seq_id][0] == best[1]
