@@ -51,6 +51,7 @@ class Sequence:
         self.spec_misses = 0
         self.spec_limit = 0  # most drafts to propose next (0: the table's k); see speculator._adapt
         self.spec_acceptance: float | None = None  # running share of its drafts accepted (None: never drafted)
+        self.spec_ngram = None  # the n-gram proposer's index of these tokens (spec_decode/ngram.py)
 
     @property
     def token_ids(self) -> list[int]:

@@ -141,7 +141,7 @@ class Speculator:
         if not items:
             return {}, None
         if isinstance(self.proposer, NgramProposer):
-            drafts = {s.seq_id: self.proposer.propose(s.token_ids, k) for s, k in items}
+            drafts = {s.seq_id: self.proposer.propose_for(s, k) for s, k in items}
             return {i: d for i, d in drafts.items() if d}, None
         drafts, q = self.proposer.propose(items)
         return drafts, q

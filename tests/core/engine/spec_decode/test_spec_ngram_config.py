@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.core.engine.block_manager import BlockManager
@@ -24,6 +25,35 @@ def test_ngram_takes_the_longest_then_most_recent_match():
     assert prop.propose([4, 4], 3) == [4]  # the continuation ends at the sequence's end
     assert prop.propose(tokens, 0) == []
     assert NgramProposer(3, 3).propose([1, 2, 9, 1, 2], 2) == []  # 2-gram matches are below lookup_min
+
+
+
+@pytest.mark.parametrize("lookup", [(1, 3), (3, 4), (2, 2)])
+def test_ngram_index_answers_as_the_scan(lookup):
+    """propose_for (the index kept on the sequence, extended as tokens come) proposes what propose (a scan of all
+    tokens) does, after every growth of 1..8 tokens, on random text of a small vocabulary (many repeats)."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    prop = NgramProposer(*lookup)
+    for vocab in (3, 8, 50):
+        seq = Sequence(torch.randint(0, vocab, (int(torch.randint(0, 30, (), generator=gen)),), generator=gen)
+                       .tolist(), SamplingParams())
+        for _ in range(60):
+            k = int(torch.randint(0, 9, (), generator=gen))
+            assert prop.propose_for(seq, k) == prop.propose(seq.token_ids, k)
+            grow = int(torch.randint(1, 9, (), generator=gen))
+            seq.output_token_ids.extend(torch.randint(0, vocab, (grow,), generator=gen).tolist())
+    assert seq.spec_ngram is not None and seq.spec_ngram.ends == len(seq) - 1 - grow
+
+
+def test_ngram_index_ignores_the_last_token_until_another_follows():
+    """Under async scheduling a sequence's last token may be a placeholder replaced later: the index never holds
+    an n-gram that ends with the last token, so the replacement is seen."""
+    prop = NgramProposer(1, 2)
+    seq = Sequence([4, 5, 6, 4], SamplingParams())
+    seq.output_token_ids.append(-1)  # placeholder
+    assert prop.propose_for(seq, 2) == []
+    seq.output_token_ids[-1] = 5
+    assert prop.propose_for(seq, 2) == prop.propose(seq.token_ids, 2) == [6, 4]
 
 
 def test_batch_size_table():
