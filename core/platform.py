@@ -53,8 +53,8 @@ class Platform:
     # share out the cores instead.
     device_control_env_var: ClassVar[str | None] = None
     # Measured num_speculative_tokens_per_batch_size tables by speculative method (``engine tune-spec``): what a
-    # speculative_config naming a method but no k gets here. Empty: such a config drafts SpeculativeConfig's
-    # default k at every batch size.
+    # speculative_config naming a method but no k gets here ("<method>+q8": with Q8 activations, where measured
+    # apart). Empty: such a config drafts SpeculativeConfig's default k at every batch size.
     speculative_tables: ClassVar[dict[str, dict[int, int]]] = {}
 
     @classmethod

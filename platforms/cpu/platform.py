@@ -25,10 +25,12 @@ class CpuPlatform(Platform):
     device_graphs = True
     graph_capture_computes = True
     graph_max_batch = 32
-    # `engine tune-spec` on the built-in model (2-core Xeon with AMX, 2026-12-06, BENCHMARKS.md): one sequence
-    # drafting 6 tokens ran 1.55-1.61x on repetitive text and 0.98-0.99x on chat; from two sequences on, every k
-    # cost chat 12-19% (verify rows are compute on 2 cores), so none.
-    speculative_tables = {"ngram": {1: 6, 2: 0}}
+    # `engine tune-spec --batch-sizes 1,2,4 --ks 0,2,4,6` on the built-in model (2-core Zen 5, 2026-12-07,
+    # BENCHMARKS.md). fp32 activations: one sequence drafting 6 tokens 2.02x on repetitive text, 1.00x on chat; from
+    # two sequences on every k cost chat 3-17% (a verify row is as much FMA work as a decoded one there), so none.
+    # Q8 activations (integer dots: rows 2-3x cheaper): 4 drafts at one sequence (2.69x / 0.99x), 6 at two, 4 from
+    # four on (1.62x / 0.99x).
+    speculative_tables = {"ngram": {1: 6, 2: 0}, "ngram+q8": {1: 4, 2: 6, 4: 4}}
 
     def __init__(self):
         # Settings are checked here, when the platform is chosen, so a bad ENGINE_CPU_ISA / ENGINE_NUM_THREADS is

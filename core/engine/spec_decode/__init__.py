@@ -17,10 +17,12 @@ def build_speculator(config: dict | SpeculativeConfig, llm) -> Speculator:
     """A Speculator for ``llm`` (an engine.LLM whose scheduler and KV cache are built). For "draft_model" this
     loads the draft checkpoint onto the target's device, with its own KV cache of the target's block geometry.
     A config that names no k (neither ``num_speculative_tokens`` nor a table) takes the platform's measured table
-    for its method where it has one (``Platform.speculative_tables``)."""
+    for its method where it has one (``Platform.speculative_tables``; for an LLM with Q8 activations the table of
+    "<method>+q8" first: cheaper verify rows change the answer)."""
     k_keys = {"num_speculative_tokens", "num_speculative_tokens_per_batch_size"}
     if isinstance(config, dict) and not k_keys & set(config):
-        table = type(llm.platform).speculative_tables.get(config.get("method", "ngram"))
+        tables, method = type(llm.platform).speculative_tables, config.get("method", "ngram")
+        table = (getattr(llm, "activation_quant", "none") == "q8" and tables.get(f"{method}+q8")) or tables.get(method)
         if table:
             log.info("speculative decoding: the %s platform's measured table %s (engine tune-spec measures one for "
                      "this model and machine)", llm.platform.name, table)

@@ -133,6 +133,9 @@ def test_a_config_without_k_takes_the_platforms_measured_table():
     table = llm.engine.speculator.config.num_speculative_tokens_per_batch_size
     assert table == CpuPlatform.speculative_tables["ngram"] and table
     assert llm.engine.speculator.config.num_tokens_for(1) == table[1]
+    llm = LLM(kv_cache_bytes=8 << 20, platform="cpu", activation_quant="q8", speculative_config={"method": "ngram"})
+    q8 = llm.engine.speculator.config.num_speculative_tokens_per_batch_size
+    assert q8 == CpuPlatform.speculative_tables["ngram+q8"] and q8 != table
     for given, k in (({"method": "ngram", "num_speculative_tokens": 3}, 3),
                      ({"method": "ngram", "num_speculative_tokens_per_batch_size": {1: 2}}, 2)):
         llm = LLM(kv_cache_bytes=8 << 20, platform="cpu", speculative_config=given)
