@@ -14,11 +14,13 @@ them), nothing is captured at start-up: a bucket's first real step runs eagerly 
 outside the capture), its second is the capture, and later ones replay. Start-up pays nothing, and only the
 buckets a workload uses hold memory.
 
-Speculative verify steps (each sequence's last token plus its drafts) replay too, where captures compute: graphs
-keyed by (bucket, T), T a row bucket (``VERIFY_ROW_BUCKETS``, at most ``MAX_VERIFY_ROWS``) holding every
-sequence's chunk plus padding. The padding goes first to the front of real sequences' chunks, as tokens they already
-computed (their KV is in the cache: their slots are -1, so nothing is rewritten; their logits are dropped), then to
-the bucket's padding sequences. Only the verify graphs stop when such a capture fails.
+Speculative verify steps (each sequence's last token plus its drafts) replay too: graphs keyed by (bucket, T), T a
+row bucket (``VERIFY_ROW_BUCKETS``, at most ``MAX_VERIFY_ROWS``) holding every sequence's chunk plus padding. They
+are captured on a key's second use wherever the platform captures (a capture that only records, as on GPUs, is
+then replayed to compute that step; the decode graphs' memory pool is shared). The padding goes first to the front
+of real sequences' chunks, as tokens they already computed (their KV is in the cache: their slots are -1, so nothing
+is rewritten; their logits are dropped), then to the bucket's padding sequences. Only the verify graphs stop when
+such a capture fails.
 """
 
 from __future__ import annotations
@@ -101,9 +103,9 @@ class DecodeGraphs:
         self._verify_eager: set[tuple[int, int]] = set()  # keys whose graph alone exceeds VERIFY_GRAPH_BYTES
         self.disabled: str | None = None
         self.lazy = platform.graph_capture_computes
-        # Verify graphs are captured on first use, which only a capture that computes makes free (GPUs: not yet).
-        self.verify_disabled: str | None = None if self.lazy else "verify steps replay only where captures compute"
-        self._warm: set = set()  # lazy: buckets (and (bucket, rows) verify keys) whose eager first step has run
+        self.verify_disabled: str | None = None
+        self._pool = None  # the device graphs' shared memory pool (captures that only record)
+        self._warm: set = set()  # keys whose eager first step has run (lazy buckets; verify keys everywhere)
 
     def capture(self) -> None:
         """Capture every bucket, largest first (later ones reuse its memory pool); lazily: nothing yet."""
@@ -122,6 +124,7 @@ class DecodeGraphs:
                             b, self.disabled)
                 return
             self._set_graph(b, replay, logits)
+        self._pool = pool
 
     def _forward(self, key) -> torch.Tensor:
         """The step of ``key`` (a bucket: decode; (bucket, rows): verify) on the static buffers; logits of every
@@ -273,13 +276,16 @@ class DecodeGraphs:
         return out
 
     def _first_uses(self, key) -> torch.Tensor:
-        """A lazy graph's first step (eager) or second (the capture, which computes it); its logits. ``key``: a
-        bucket, or (bucket, rows) for a verify graph."""
+        """A lazy graph's first step (eager) or second (the capture, and the step computed by it or by a replay
+        after it); its logits. ``key``: a bucket, or (bucket, rows) for a verify graph (lazy on every platform)."""
         if key not in self._warm:
             self._warm.add(key)
             return self._forward(key)
         try:
-            replay, logits, _ = self.platform.capture_graph(lambda: self._forward(key))
+            replay, logits, pool = self.platform.capture_graph(lambda: self._forward(key), self._pool)
+            if not self.lazy:  # the capture only recorded: this step's logits come from a replay
+                self._pool = pool
+                replay()
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             if isinstance(key, int):

@@ -218,3 +218,15 @@ def test_first_request_tiny(tmp_path):
     assert all(r["first_tok_s"] > 0 and r["warm_tok_s"] > 0 and r["ratio"] > 0 for r in rows), rows
     assert [r["warmup_s"] is None for r in rows] == [True, True, False, False]
     assert len((tmp_path / "first_request.jsonl").read_text().splitlines()) == 4
+
+
+def test_spec_decode_tiny(tmp_path):
+    """spec_decode.py at its tiny size: k = 0 at batch 1 and 4, the oracle drafts at both acceptances, every output
+    equal to plain decoding, and the verify graphs in use."""
+    rows = _module("spec_decode").run(tiny=True, out=tmp_path)
+    oracle = [r for r in rows if r["bench"].startswith("spec decode oracle")]
+    assert len(oracle) == 4 and all(r["same_tokens"] for r in oracle)
+    assert any(r["acceptance"] == 1.0 for r in oracle) and any(r["acceptance"] < 1.0 for r in oracle)
+    graphs = rows[-1]
+    assert graphs["verify_disabled"] is None and graphs["verify_graphs"] > 0
+    assert len((tmp_path / "spec_decode.jsonl").read_text().splitlines()) == len(rows)

@@ -11,6 +11,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.core.engine.decode_graphs import batch_buckets
+from engine.core.engine.spec_decode import SpeculativeConfig, Speculator
 from engine.core.testing.random_model import write_random_llama
 from engine.platforms.cpu.platform import CpuPlatform
 
@@ -143,3 +144,56 @@ def test_a_failed_lazy_capture_falls_back_to_eager_and_says_why(caplog, model_di
         assert _long_run(llm, PROMPTS) == eager
     assert "decode graphs disabled" in caplog.text and "cannot capture item" in caplog.text
     assert llm.runner.graphs.bucket_for(1) is None and not llm.runner.graphs.graphs
+
+
+class RecordingOnlyCpu(ReplayingCpu):
+    """Like a GPU's capture, this one only records: the outputs it hands back hold garbage until a replay."""
+
+    def __init__(self):
+        super().__init__()
+        self.verify_captures = 0
+
+    def capture_graph(self, fn, pool=None):
+        replay, out, pool = super().capture_graph(fn, pool)
+        if out.shape[0] > 4:  # more rows than sequences: a verify graph
+            self.verify_captures += 1
+        out.fill_(float("nan"))
+        return replay, out, pool
+
+
+class Oracle:
+    """Drafts k tokens of the known greedy continuation, the last one wrong every third step (rejections too)."""
+
+    def __init__(self, continuation: dict[tuple[int, ...], list[int]]):
+        self.continuation, self.steps = continuation, 0
+
+    def propose(self, items):
+        self.steps += 1
+        drafts = {}
+        for seq, k in items:
+            done = len(seq.output_token_ids)
+            d = list(self.continuation[tuple(seq.prompt_token_ids)][done:done + k])
+            if d and self.steps % 3 == 0:
+                d[-1] = (d[-1] + 1) % 500
+            drafts[seq.seq_id] = d
+        return drafts, None
+
+
+def test_verify_steps_replay_where_captures_only_record(model_dir):
+    """Speculative verify steps on a platform whose captures compute nothing (GPUs): a (bucket, rows) graph is
+    captured on its key's second use and replayed for that step's logits, and the greedy tokens are plain
+    decoding's."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(model_dir, kv_cache_bytes=32 << 20, max_num_seqs=4, enforce_eager=True, platform="cpu")
+    want = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, params)]
+    platform = RecordingOnlyCpu()
+    llm = LLM(model_dir, kv_cache_bytes=32 << 20, max_num_seqs=4, platform=platform)
+    oracle = Oracle({tuple(p): w for p, w in zip(PROMPTS, want, strict=True)})
+    llm.engine.speculator = Speculator(SpeculativeConfig(method="draft_model", num_speculative_tokens=3),
+                                       llm.scheduler, oracle)
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS * 2, params)]
+    assert got == want * 2
+    graphs = llm.runner.graphs
+    assert graphs.verify_disabled is None and graphs.verify_graphs and platform.verify_captures
+    stats = llm.engine.speculator.stats.totals()
+    assert stats["accepted"] < stats["drafted"]

@@ -1,4 +1,5 @@
-"""Speculative decoding on an accelerator platform (decode graphs on for plain steps, speculative steps eager):
+"""Speculative decoding on an accelerator platform (decode graphs for plain steps, verify steps replaying graphs
+captured on a (bucket, rows) key's second use):
 greedy tokens equal non-speculative decoding on a random-weight model, with n-gram and with a draft model, and the
 KV pool is whole afterwards. Skipped where torch sees no accelerator (CI's CPU host); run on the GPU machine."""
 
@@ -42,6 +43,10 @@ def test_speculative_greedy_equals_plain_greedy(model_dir, spec):
     spec_out = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert spec_out == plain
     assert speculator.stats.totals().get("drafted", 0) > 0
+    graphs = llm.runner.graphs
+    assert graphs.verify_disabled is None, graphs.verify_disabled
+    if spec["method"] == "draft_model":  # it drafts at every step: its keys come back, so they are captured
+        assert graphs.verify_graphs
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
     sampled = llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True, seed=3))
     assert all(len(o.outputs[0].token_ids) == 20 for o in sampled)
