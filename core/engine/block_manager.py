@@ -47,7 +47,10 @@ class BlockManager:
         self._ref = [0] * num_blocks
         self._hash: list[bytes | None] = [None] * num_blocks
         self._cached: dict[bytes, int] = {}  # chained block hash -> block id
-        self._free: deque[int] = deque(range(num_blocks))  # unreferenced and unregistered
+        # Unreferenced and unregistered, taken from the right: never-used blocks lowest first, and a block freed
+        # is the next one taken (its memory is backed and likely cached; taking the oldest free one instead sent a
+        # speculative step's reserve-and-trim through fresh pages of the whole cache, every step)
+        self._free: deque[int] = deque(range(num_blocks - 1, -1, -1))
         self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced but registered, oldest first
         # Registered blocks by their parent's chained hash (b"" for a first block), with their tokens: where a
         # partial hit is looked up.
@@ -191,7 +194,7 @@ class BlockManager:
 
     def _take_free(self) -> int:
         if self._free:
-            b = self._free.popleft()
+            b = self._free.pop()
         else:
             b, _ = self._evictable.popitem(last=False)
             self._unregister(b)
