@@ -47,7 +47,12 @@ def _check() -> bool:
     try:
         for m, k, n in ((3, 64, 5), (70, 96, 33)):
             x, w = torch.randn(m, k), torch.randn(n, k)
-            torch.testing.assert_close(_onednn(x, w), F.linear(x, w), rtol=1e-4, atol=1e-4)
+            got, want = _onednn(x, w), F.linear(x, w)
+            # Not torch.testing.assert_close: it imports torch.distributed.tensor (and sympy), 0.6 s that the first
+            # request paid.
+            if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+                err = (got - want).abs().max().item() if got.shape == want.shape else f"shape {tuple(got.shape)}"
+                raise AssertionError(f"[{m}, {k}] x [{n}, {k}]^T differs from F.linear: {err}")
     except (RuntimeError, AssertionError) as exc:
         warn_once(f"torch's oneDNN linear failed its check ({type(exc).__name__}: {str(exc)[:200]}); GGUF prefill "
                   "GEMMs run on torch's default fp32 GEMM instead")

@@ -87,3 +87,15 @@ def test_wrong_onednn_results_fail_the_check(monkeypatch, caplog):
         torch.testing.assert_close(onednn_gemm.fp32_linear(x, w), F.linear(x, w))
     assert any("failed its check" in r.getMessage() for r in caplog.records)
     assert not onednn_gemm.onednn_active()
+
+
+def test_the_check_loads_no_more_of_torch():
+    """The gate runs in a server's first request: it must not import torch.distributed.tensor and sympy (what
+    torch.testing.assert_close pulls in: 0.6 s of the built-in model's first request on 2 cores)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from engine.platforms.cpu.kernels import onednn_gemm; onednn_gemm.onednn_active(); "
+            "print(sorted(m for m in ('sympy', 'torch.distributed.tensor') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
