@@ -30,14 +30,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_serve import _cpu_name, _free_port, _level, _wait_ready, running_server  # noqa: E402
 
 
-def offline(llm_kwargs: dict, prompts: list[list[int]], output_tokens: int, clients: int) -> float:
-    """Output tokens per second of LLM.generate on ``prompts`` with ``clients`` sequences at a time."""
+def offline(llm_kwargs: dict, prompts: list[list[int]], output_tokens: int, clients: int,
+            warm: list[list[int]]) -> float:
+    """Output tokens per second of LLM.generate on ``prompts`` with ``clients`` sequences at a time, after a
+    warm-up on ``warm`` (other prompts: a warm-up on the measured ones would leave them in the prefix cache, and
+    the measured run would skip their prefill)."""
     from engine.core.engine.llm import LLM
     from engine.core.engine.sampling_params import SamplingParams
 
     llm = LLM(**llm_kwargs, max_num_seqs=clients)
     params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
-    llm.generate(prompts[:clients], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm-up
+    llm.generate(warm, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     t0 = time.perf_counter()
     llm.generate(prompts, params)
     return len(prompts) * output_tokens / (time.perf_counter() - t0)
@@ -112,7 +115,12 @@ def main(argv: list[str] | None = None) -> dict:
             for clients in args.clients:
                 n = args.requests or max(8, 2 * clients)
                 prompts = token_prompts(vocab, n, args.prompt_tokens, rng)
-                base = offline(llm_kwargs, prompts, args.output_tokens, clients)
+                # Both sides warm up on the same other prompts: the server, like the offline engine, has then run
+                # this level's batch shapes once before it is timed.
+                warm = token_prompts(vocab, clients, args.prompt_tokens, rng)
+                base = offline(llm_kwargs, prompts, args.output_tokens, clients, warm)
+                if not args.guidellm:
+                    builtin_level(port, name, warm, clients, 2)
                 served = (guidellm_level(args.guidellm, port, tok_dir, clients, n, args.prompt_tokens,
                                          args.output_tokens) if args.guidellm else
                           builtin_level(port, name, prompts, clients, args.output_tokens))
