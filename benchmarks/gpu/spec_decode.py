@@ -1,12 +1,14 @@
-"""Speculative decoding on a GPU (issue 29): what a verify step costs against a decode step, and what speculation
-gives when drafts are right, on an 8B-shaped random Llama (bf16), all in one run:
+"""Speculative decoding on a GPU (issue 29): what a verify step costs against a decode step on an 8B-shaped random
+Llama (bf16), and what that makes of speculation, all in one run:
 
 * ``k=0``: plain greedy decoding at batch 1 and 4 (tok/s; goal: 4 sequences >= 3x one);
-* ``oracle k``: the same prompts with a proposer that drafts k tokens of the known greedy continuation (random
-  weights accept nothing else, so n-gram acceptance here would mean nothing), every draft right (acceptance 1.0)
-  or its last token wrong every other step (about 0.75 at k = 4). The verify step's cost is measured as the time
-  per engine step against a plain decode step of the same batch (goal: k + 1 = 5 rows at batch 1 <= 1.15x), and
-  the speedup as tok/s against k = 0. Outputs are checked equal to plain decoding.
+* ``oracle k``: the same prompts with a proposer that drafts k tokens of the plain run's greedy continuation at
+  every step, so every step verifies k + 1 rows a sequence. ``verify_over_decode_step`` is the time per engine step
+  against a plain decode step of the same batch (goal: k + 1 = 5 rows at batch 1 <= 1.15x); ``speedup_at_a`` is
+  what that step cost gives at a per-token acceptance a (tokens a step (1 - a^(k+1)) / (1 - a) over the step
+  ratio). The measured acceptance is printed too, but means little here: with random weights the logits are
+  nearly flat, so the verify and decode shapes' different bf16 rounding flips near-tie argmaxes, and once a
+  sequence leaves the plain continuation the oracle's drafts are wrong (``same_tokens`` says whether it left).
 
 Verify steps replay CUDA graphs per (batch bucket, rows) (decode_graphs.py), captured on a key's second use; one
 warm-up generation per configuration runs first.
@@ -35,23 +37,25 @@ SCALING_GOAL = 3.0  # k = 0 tok/s at 4 sequences / at 1
 
 
 class OracleProposer:
-    """Drafts k tokens of the known greedy continuation of each prompt; with ``wrong_every`` n > 0, the last
-    draft token of every n-th step is wrong."""
+    """Drafts k tokens of the known greedy continuation of each prompt."""
 
-    def __init__(self, continuation: dict[tuple[int, ...], list[int]], vocab: int, wrong_every: int = 0):
-        self.continuation, self.vocab, self.wrong_every, self.steps = continuation, vocab, wrong_every, 0
+    def __init__(self, continuation: dict[tuple[int, ...], list[int]]):
+        self.continuation = continuation
 
     def propose(self, items):
-        self.steps += 1
         drafts = {}
         for seq, k in items:
             done = len(seq.output_token_ids)
             d = list(self.continuation[tuple(seq.prompt_token_ids)][done:done + k])
-            if d and self.wrong_every and self.steps % self.wrong_every == 0:
-                d[-1] = (d[-1] + 1) % self.vocab
             if d:
                 drafts[seq.seq_id] = d
         return drafts, None
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens a verify of k drafts emits when each draft is accepted with probability ``acceptance`` given the ones
+    before it were (the accepted run, then one token of the target's)."""
+    return float(k + 1) if acceptance >= 1 else (1 - acceptance ** (k + 1)) / (1 - acceptance)
 
 
 def _generate(llm, prompts, params) -> tuple[list[list[int]], float, int]:
@@ -115,24 +119,22 @@ def run(tiny: bool = False, out: Path | None = None) -> list[dict]:
             prompts, want, dt0, steps0 = base[b]
             oracle = {tuple(p): w for p, w in zip(prompts, want, strict=True)}
             for k in ks:
-                for wrong_every in (0, 2):
-                    proposer = OracleProposer(oracle, shape["vocab_size"], wrong_every)
-                    llm.engine.speculator = Speculator(
-                        SpeculativeConfig(method="draft_model", num_speculative_tokens=k), llm.scheduler, proposer)
-                    try:
-                        _generate(llm, prompts, params)  # warm-up: the verify graphs of these shapes
-                        got, dt, steps = _generate(llm, prompts, params)
-                        stats = llm.engine.speculator.stats.totals()
-                    finally:
-                        llm.engine.speculator = None
-                    step_ratio = (dt / steps) / (dt0 / steps0)
-                    row = {"bench": f"spec decode oracle k={k}", "batch": b,
-                           "acceptance": stats["accepted"] / max(stats["drafted"], 1),
-                           "tokens_per_step": b * out_len / steps, "verify_over_decode_step": step_ratio,
-                           "speedup": dt0 / dt, "same_tokens": got == want}
-                    if b == 1 and k == 4 and not wrong_every:
-                        row.update(goal=f"<= {VERIFY_GOAL}", met=step_ratio <= VERIFY_GOAL)
-                    emit(row)
+                llm.engine.speculator = Speculator(SpeculativeConfig(method="draft_model", num_speculative_tokens=k),
+                                                   llm.scheduler, OracleProposer(oracle))
+                try:
+                    _generate(llm, prompts, params)  # warm-up: the verify graphs of these shapes
+                    got, dt, steps = _generate(llm, prompts, params)
+                    stats = llm.engine.speculator.stats.totals()
+                finally:
+                    llm.engine.speculator = None
+                step_ratio = (dt / steps) / (dt0 / steps0)
+                row = {"bench": f"spec decode oracle k={k}", "batch": b, "verify_over_decode_step": step_ratio,
+                       **{f"speedup_at_{a}": expected_tokens(a, k) / step_ratio for a in (0.7, 0.9)},
+                       "measured_acceptance": stats["accepted"] / max(stats["drafted"], 1),
+                       "measured_speedup": dt0 / dt, "same_tokens": got == want}
+                if b == 1 and k == 4:
+                    row.update(goal=f"<= {VERIFY_GOAL}", met=step_ratio <= VERIFY_GOAL)
+                emit(row)
         graphs = llm.runner.graphs
         emit({"bench": "spec decode graphs", "verify_graphs": len(graphs.verify_graphs) if graphs else 0,
               "verify_disabled": graphs.verify_disabled if graphs else "no graphs"})
