@@ -365,12 +365,14 @@ def moe_config(tokens: int, experts: int, top_k: int, hidden: int, inter: int, d
     if fp8:  # after vLLM's tuned fp8_w8a8 H200 table for E=8, N=14336 (FP8 tl.dot wants BLOCK_M >= 64); the
         # large tile is 128 x 128, not vLLM's 128 x 256: promoting every K tile needs a second accumulator, and
         # 128 x 256 then spills on sm_90
-        # K tiles of 128, not vLLM's 256: with a tile promoted to fp32 as a whole (max_num_imprecise_acc = BLOCK_K),
-        # 256 FP8 products summed at Hopper's reduced precision erred 0.8-1.2% (relative 2-norm, K = 2560) in fp16
-        # where the reference's own rounding was 0.12-0.17% (the conformance kit failed it on an H100); 128 gave
-        # 0.12-0.22%. In bf16 the same error hid under the output's rounding.
+        # fp16 takes K tiles of 128: a tile is promoted to fp32 as a whole (max_num_imprecise_acc = BLOCK_K), and 256
+        # FP8 products summed at Hopper's reduced precision erred 0.8-1.2% (relative 2-norm, K = 2560) where fp16's
+        # own rounding left the reference at 0.12-0.17% (the conformance kit failed it on an H100); 128 gave
+        # 0.12-0.22%. bf16 keeps 256: its error there (0.39% against 0.12%) stays under bf16's rounding of the
+        # intermediate (the reference's 0.4-1.7%), and 128 ran 1.75x slower on a 60-expert decode (H100, 296 against
+        # 517 us, one shape measured).
         if per_expert <= 2:
-            g = GemmConfig(128, 128, 64, 4, 4)
+            g = GemmConfig(128, 128 if dtype == torch.float16 else 256, 64, 4, 4)
             return MoeConfig(64, g, g)
         if per_expert <= 32:
             g = GemmConfig(128, 128, 1, 4, 3)
