@@ -309,6 +309,31 @@ def _empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
+def emit_row(rows: list[dict], row: dict, out: Path | None, name: str) -> None:
+    """Keep ``row``, print it, and append it to ``out/name.jsonl`` when ``out`` is given (a run stopped by a time
+    limit keeps the rows it made)."""
+    rows.append(row)
+    print(row, flush=True)
+    if out is not None:
+        with open(out / f"{name}.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def script_main(doc: str, run, extra=None) -> None:
+    """The command line of a benchmarks/gpu script whose ``run(tiny=..., out=..., **more)`` takes ``--tiny`` and
+    ``--out DIR`` (made if missing); ``extra(parser)`` adds options, passed on to ``run`` by name."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--tiny", action="store_true")
+    if extra is not None:
+        extra(ap)
+    args = vars(ap.parse_args())
+    out = args.pop("out")
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    run(out=Path(out) if out else None, **args)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))

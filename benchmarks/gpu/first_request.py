@@ -13,7 +13,6 @@ nothing).
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
@@ -23,7 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.bench_gpu import _prompts, _sync  # noqa: E402
+from benchmarks.bench_gpu import _empty_cache as empty_cache  # noqa: E402
+from benchmarks.bench_gpu import _prompts, _sync, emit_row, script_main
 
 GOAL = 0.9
 
@@ -61,28 +61,17 @@ def run(tiny: bool = False, out: Path | None = None) -> list[dict]:
                 first = _rate(llm, b, in_len, out_len, shape["vocab_size"], seed)
                 again = _rate(llm, b, in_len, out_len, shape["vocab_size"], seed + 1)
                 seed += 2
-                rows.append({"bench": f"first request, warm-up {'on' if warmup else 'off'}",
-                             "shape": f"{b} req x {in_len} in / {out_len} out", "first_tok_s": first,
-                             "warm_tok_s": again, "ratio": first / again, "goal": f">= {GOAL}" if warmup else "",
-                             "met": first / again >= GOAL if warmup else None, "load_s": loaded,
-                             "warmup_s": llm.warmup_seconds})
-                print(rows[-1], flush=True)
-                if out is not None:
-                    with open(out / "first_request.jsonl", "a") as f:
-                        f.write(json.dumps(rows[-1]) + "\n")
+                emit_row(rows, {"bench": f"first request, warm-up {'on' if warmup else 'off'}",
+                                "shape": f"{b} req x {in_len} in / {out_len} out", "first_tok_s": first,
+                                "warm_tok_s": again, "ratio": first / again, "goal": f">= {GOAL}" if warmup else "",
+                                "met": first / again >= GOAL if warmup else None, "load_s": loaded,
+                                "warmup_s": llm.warmup_seconds}, out, "first_request")
             del llm
-            if device == "cuda":
-                torch.cuda.empty_cache()
+            empty_cache()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows
 
 
 if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--tiny", action="store_true")
-    a = ap.parse_args()
-    run(tiny=a.tiny, out=Path(a.out) if a.out else None)
+    script_main(__doc__, run)

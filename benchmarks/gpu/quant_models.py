@@ -28,7 +28,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.bench_gpu import engine_generate  # noqa: E402
+from benchmarks.bench_gpu import _empty_cache as empty_cache  # noqa: E402
+from benchmarks.bench_gpu import emit_row, engine_generate, script_main
 
 FORMATS = ("bf16", "fp8", "nvfp4", "gptq")
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -156,19 +157,15 @@ def run(tiny: bool = False, formats=FORMATS, out: Path | None = None) -> list[di
                 step_ms[fmt, b] = split["decode_step_ms"]
                 ratio = step_ms["bf16", b] / split["decode_step_ms"] if ("bf16", b) in step_ms else None
                 goal = GOALS.get((fmt, b))
-                rows.append({"bench": f"decode {fmt}", "shape": f"{b} req x {in_len} in / {out_len} out",
+                emit_row(rows, {"bench": f"decode {fmt}", "shape": f"{b} req x {in_len} in / {out_len} out",
                              "tok_s": tps, "decode_step_ms": split["decode_step_ms"], "vs_bf16": ratio,
                              "peer": "bf16 model, same run", "goal": f">= {goal}x bf16" if goal else "",
                              "met": None if goal is None or ratio is None else ratio >= goal,
                              "weights": kept, "checkpoint_bytes": (path / "model.safetensors").stat().st_size,
-                             "write_s": written, "load_s": loaded, "down_proj_kernels": _chosen(llm)})
-                print(rows[-1], flush=True)
-                if out is not None:
-                    with open(out / "quant_models.jsonl", "a") as f:
-                        f.write(json.dumps(rows[-1]) + "\n")
+                             "write_s": written, "load_s": loaded, "down_proj_kernels": _chosen(llm)},
+                         out, "quant_models")
             del llm
-            if device == "cuda":
-                torch.cuda.empty_cache()
+            empty_cache()
             if fmt != "bf16":
                 shutil.rmtree(path)
     finally:
@@ -177,12 +174,5 @@ def run(tiny: bool = False, formats=FORMATS, out: Path | None = None) -> list[di
 
 
 if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--tiny", action="store_true")
-    a = ap.parse_args()
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    run(a.tiny, tuple(a.formats.split(",")), Path(a.out))
+    script_main(__doc__, run, lambda ap: ap.add_argument("--formats", type=lambda v: tuple(v.split(",")),
+                                                         default=FORMATS))

@@ -20,7 +20,6 @@ warm-up generation per configuration runs first.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
@@ -30,7 +29,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.bench_gpu import _prompts, _sync  # noqa: E402
+from benchmarks.bench_gpu import _empty_cache as empty_cache  # noqa: E402
+from benchmarks.bench_gpu import _prompts, _sync, emit_row, script_main
 
 VERIFY_GOAL = 1.15  # verify step of 5 rows / decode step, batch 1
 SCALING_GOAL = 3.0  # k = 0 tok/s at 4 sequences / at 1
@@ -92,11 +92,7 @@ def run(tiny: bool = False, out: Path | None = None) -> list[dict]:
     rows = []
 
     def emit(row):
-        rows.append(row)
-        print(row, flush=True)
-        if out is not None:
-            with open(out / "spec_decode.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
+        emit_row(rows, row, out, "spec_decode")
 
     try:
         path = write_random_llama(root / "bf16", **shape, max_position=4096,
@@ -139,18 +135,11 @@ def run(tiny: bool = False, out: Path | None = None) -> list[dict]:
         emit({"bench": "spec decode graphs", "verify_graphs": len(graphs.verify_graphs) if graphs else 0,
               "verify_disabled": graphs.verify_disabled if graphs else "no graphs"})
         del llm
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        empty_cache()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows
 
 
 if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--tiny", action="store_true")
-    a = ap.parse_args()
-    run(tiny=a.tiny, out=Path(a.out) if a.out else None)
+    script_main(__doc__, run)
