@@ -18,11 +18,12 @@ class NgramIndex:
     that end before its last token; ``ends``: the tokens covered so far. Tokens are only ever appended, and the
     last one (a placeholder under async scheduling) is never indexed until another follows it."""
 
-    __slots__ = ("starts", "ends")
+    __slots__ = ("starts", "ends", "sizes")
 
-    def __init__(self):
+    def __init__(self, sizes: tuple[int, int]):
         self.starts: dict[tuple[int, ...], int] = {}
         self.ends = 0
+        self.sizes = sizes  # the (lookup_min, lookup_max) it indexes
 
 
 class NgramProposer:
@@ -54,10 +55,11 @@ class NgramProposer:
         length = len(seq)
         if k <= 0 or length <= self.lookup_min:
             return []
-        idx = seq.spec_ngram
-        if idx is None or idx.ends > length - 1:  # tokens were taken away (never by the engine): start over
-            idx = seq.spec_ngram = NgramIndex()
-        lo, hi, starts = self.lookup_min, self.lookup_max, idx.starts
+        lo, hi, idx = self.lookup_min, self.lookup_max, seq.spec_ngram
+        # Made anew for another proposer's n-gram sizes, or where tokens were taken away (never by the engine).
+        if idx is None or idx.sizes != (lo, hi) or idx.ends > length - 1:
+            idx = seq.spec_ngram = NgramIndex((lo, hi))
+        starts = idx.starts
         if idx.ends < length - 1:  # n-grams ending at idx.ends + 1 .. length - 1 (exclusive ends)
             first = max(0, idx.ends + 1 - hi)
             toks = seq.tokens_between(first, length - 1)

@@ -46,6 +46,13 @@ def test_ngram_index_answers_as_the_scan(lookup):
     assert seq.spec_ngram.ends == len(seq) - 1  # every n-gram but those ending with the last token
 
 
+def test_ngram_index_is_remade_for_other_sizes():
+    """A sequence asked by a proposer of other n-gram sizes gets an index of those sizes."""
+    seq = Sequence([1, 2, 3, 9, 1, 2, 3, 9, 5, 1, 2, 3], SamplingParams())
+    assert NgramProposer(4, 4).propose_for(seq, 2) == []  # no 4-gram recurs at the end
+    assert NgramProposer(1, 3).propose_for(seq, 2) == NgramProposer(1, 3).propose(seq.token_ids, 2) == [9, 5]
+
+
 def test_ngram_index_ignores_the_last_token_until_another_follows():
     """Under async scheduling a sequence's last token may be a placeholder replaced later: the index never holds
     an n-gram that ends with the last token, so the replacement is seen."""
