@@ -41,10 +41,18 @@ log = logging.getLogger("engine")
 # alive (~1.4 MiB a row for the built-in model, mostly logits), and at 64 rows the Python it saves matters less.
 MAX_VERIFY_ROWS = 64
 VERIFY_ROW_BUCKETS = (*range(2, 9), 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, MAX_VERIFY_ROWS)
-# Bytes the verify graphs may hold together (what their captures allocated, ``replay.fresh_bytes``): past it the least
+# Bytes the verify graphs may hold together (what their captures allocated, ``_graph_bytes``): past it the least
 # recently replayed are dropped (captured again if used again), and a graph larger than it alone runs eagerly. The
 # built-in model holds ~1.4 MiB a row; an 8B-shaped one ~6.
 VERIFY_GRAPH_BYTES = 1 << 30
+
+
+def _graph_bytes(replay, logits: torch.Tensor) -> int:
+    """What a verify graph holds: its capture's own allocations where the platform reports them (CPU graphs:
+    ``replay.fresh_bytes``), else at least its logits, which stay allocated as long as the graph (a device graph's
+    intermediates live in the memory pool the graphs share)."""
+    fresh = getattr(replay, "fresh_bytes", None)
+    return fresh if fresh is not None else logits.numel() * logits.element_size()
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
@@ -150,7 +158,7 @@ class DecodeGraphs:
         if isinstance(key, int):
             self.graphs[key] = (replay, logits)
             return
-        size = getattr(replay, "fresh_bytes", 0)
+        size = _graph_bytes(replay, logits)
         if size > VERIFY_GRAPH_BYTES:
             self._verify_eager.add(key)
             return
@@ -160,8 +168,8 @@ class DecodeGraphs:
         self.verify_bytes += size
 
     def _forget_verify(self, key) -> None:
-        replay, _ = self.verify_graphs.pop(key)
-        self.verify_bytes -= getattr(replay, "fresh_bytes", 0)
+        replay, logits = self.verify_graphs.pop(key)
+        self.verify_bytes -= _graph_bytes(replay, logits)
         self._warm.discard(key)
         self._outputs = {k: v for k, v in self._outputs.items() if k[0] != key}
 

@@ -195,5 +195,7 @@ def test_verify_steps_replay_where_captures_only_record(model_dir):
     assert got == want * 2
     graphs = llm.runner.graphs
     assert graphs.verify_disabled is None and graphs.verify_graphs and platform.verify_captures
+    # what they hold counts against VERIFY_GRAPH_BYTES: here (no capture report) their logits
+    assert graphs.verify_bytes == sum(x.numel() * x.element_size() for _, x in graphs.verify_graphs.values()) > 0
     stats = llm.engine.speculator.stats.totals()
     assert stats["accepted"] < stats["drafted"]
