@@ -10,6 +10,7 @@ storage, and the conversions cost two passes over activations that are tiny besi
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
@@ -47,15 +48,40 @@ def _supports_dequant(raw, qtype, cols, dtype):
     return _raw_verdict(raw, qtype, cols, ALL_QTYPES)
 
 
-def _dequant(raw: torch.Tensor, qtype: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+def _dequant(raw: torch.Tensor, qtype: int, cols: int, dtype: torch.dtype, scratch: bool = False) -> torch.Tensor:
+    """``gguf_dequantize``. ``scratch``: into this thread's buffer for that size (``_scratch``), valid until the next
+    such call of the same size: for a weight that is used once and dropped."""
     if dtype == FP16:  # fp32 values rounded once, as the reference
         return _dequant(raw, qtype, cols, torch.float32).to(FP16)
     if raw.stride(1) != 1:  # the cached choice may meet a strided tensor: copy rather than misread
         raw = raw.contiguous()
-    out = torch.empty((raw.shape[0], cols), dtype=dtype)
+    shape = (raw.shape[0], cols)
+    out = _scratch(shape, dtype) if scratch else torch.empty(shape, dtype=dtype)
     _native.gguf_dequant(qtype, raw.data_ptr(), raw.stride(0), raw.shape[0], cols, out.data_ptr(), cols,
                          DTYPE_CODE[dtype])
     return out
+
+
+# Prefill dequantizes each weight into fp32 for one GEMM. A fresh tensor of a few MB comes from new pages (glibc maps
+# large blocks and unmaps them when freed), and their first-touch faults made the dequantization 9-25x slower than
+# into memory already touched (3072 x 576 Q4_1: 886 us, 8 GB/s written; 49152 x 576: 2.4 GB/s; 2-core Zen 5): 98 ms of
+# a 512-token prefill. So each thread keeps one buffer per size it has dequantized (a model has a few) up to
+# _SCRATCH_MAX_BYTES, never freed: a recorded CPU graph may hold its address.
+_SCRATCH_MAX_BYTES = 256 << 20
+_scratch_buffers = threading.local()
+
+
+def _scratch(shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    nbytes = shape[0] * shape[1] * torch.empty((), dtype=dtype).element_size()
+    if nbytes > _SCRATCH_MAX_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    buffers = getattr(_scratch_buffers, "by_size", None)
+    if buffers is None:
+        buffers = _scratch_buffers.by_size = {}
+    buf = buffers.get((shape, dtype))
+    if buf is None:
+        buf = buffers[(shape, dtype)] = torch.empty(shape, dtype=dtype)
+    return buf
 
 
 def _supports_linear(x, raw, qtype, cols, qtypes=GGUF_QTYPES):
@@ -77,11 +103,11 @@ def _supports_any_linear(x, raw, qtype, cols):
 
 
 def _dequant_matmul(x, raw, qtype, cols):
-    # Dequantizes the whole weight on every call (~1% of a prefill GEMM's time): correct everywhere, fast only for
+    # Dequantizes the whole weight on every call, into a reused buffer (_scratch): correct everywhere, fast only for
     # prefill-sized M. fp32 goes through oneDNN (onednn_gemm.py), bf16 through torch's GEMM.
     if x.dtype == FP16:
         return _dequant_matmul(x.float(), raw, qtype, cols).to(FP16)
-    return fp32_linear(x, _dequant(raw, qtype, cols, x.dtype))
+    return fp32_linear(x, _dequant(raw, qtype, cols, x.dtype, scratch=True))
 
 
 # Above this many rows of x (prefill), dequantizing the whole weight and calling torch's GEMM wins on the Intel
@@ -127,7 +153,7 @@ PACKED_MAX_M = 2048
 
 
 def _q8act_dequant_matmul(x, raw, qtype, cols):
-    return fp32_linear(q8_round(x), _dequant(raw, qtype, cols, torch.float32)).to(x.dtype)
+    return fp32_linear(q8_round(x), _dequant(raw, qtype, cols, torch.float32, scratch=True)).to(x.dtype)
 
 
 # Row-interleaved copies of GGUF weights for the packed Q8-activation kernels (csrc/gguf_packed.h: 16 rows per

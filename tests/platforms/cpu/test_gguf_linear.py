@@ -157,3 +157,20 @@ def test_native_argument_errors():
     for bad in (dict(qtype=6), dict(k=48), dict(w_stride=39), dict(x_stride=32), dict(dtype=7), dict(m=-1)):
         with pytest.raises(ValueError):
             _native.gguf_linear(**{**good, **bad})
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_dequantize_then_gemm_reuses_one_buffer_for_weights_of_one_shape(dtype, gen):
+    """Prefill's dequantize + GEMM writes each weight into this thread's buffer for its size (no fresh pages per
+    call): two different weights of one shape, used in turn, each still give their own product, and the buffer is
+    the same memory both times."""
+    k, n, m = 64, 48, 130
+    a, b = weight(n, k, Q4_1, gen), weight(n, k, Q4_1, gen)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    tol = gguf_linear.tolerances[dtype]
+    for raw in (a, b, a):
+        got = gguf_kernels._dequant_matmul(x, raw, Q4_1, k)
+        torch.testing.assert_close(got, gguf_linear.reference(x, raw, Q4_1, k), atol=tol.atol, rtol=tol.rtol)
+    first = gguf_kernels._dequant(a, Q4_1, k, dtype, scratch=True)
+    assert gguf_kernels._dequant(b, Q4_1, k, dtype, scratch=True).data_ptr() == first.data_ptr()
+    assert torch.equal(gguf_kernels._dequant(a, Q4_1, k, dtype), gguf_dequantize.reference(a, Q4_1, k, dtype))
