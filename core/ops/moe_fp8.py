@@ -65,7 +65,12 @@ def _check_fp8(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k):
     n_exp, two_i, hidden = w13_q.shape
     _check_scale(w13_scale, n_exp, two_i, hidden, "w13_scale")
     _check_scale(w2_scale, n_exp, hidden, two_i // 2, "w2_scale")
-    if is_block_scale(w13_scale, two_i, hidden) != is_block_scale(w2_scale, hidden, two_i // 2):
+    # w13's scale decides (block scales: activations per 1x128 group); a w2 of at most 128x128 has a block scale of
+    # shape [E, 1, 1], which reads as per tensor too (the same scaling, and its one group a row is the row).
+    w2_block = is_block_scale(w2_scale, hidden, two_i // 2)
+    if is_block_scale(w13_scale, two_i, hidden):
+        w2_block = tuple(w2_scale.shape) == block_shape(n_exp, hidden, two_i // 2)
+    if is_block_scale(w13_scale, two_i, hidden) != w2_block:
         raise ValueError("w13_scale and w2_scale must both be 128x128 block scales or neither: the activations are "
                          "quantized per 1x128 group for block weights, per token otherwise")
 
@@ -195,6 +200,10 @@ fused_moe_fp8 = OpDef(
         _case("block_fnuz_prefill", tokens=66, hidden=128, inter=256, experts=4, top_k=2, renormalize=False,
               fp8="e4m3fnuz", granularity="block"),
         _case("block_partial_edges", tokens=7, hidden=192, inter=80, experts=4, top_k=2, renormalize=True,
+              fp8="e4m3fn", granularity="block"),
+        # w2 is one 128x128 block: its block scale [E, 1, 1] also reads as per tensor (a kit draw found the check
+        # refusing it)
+        _case("block_one_tile_w2", tokens=3, hidden=128, inter=128, experts=4, top_k=2, renormalize=True,
               fp8="e4m3fn", granularity="block"),
     ],
     # Outputs are O(1). FP8 keeps 3 mantissa bits: an implementation that sums in another order (or, on Hopper,
