@@ -67,10 +67,10 @@ def _check_fp8(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k):
     _check_scale(w2_scale, n_exp, hidden, two_i // 2, "w2_scale")
     # w13's scale decides (block scales: activations per 1x128 group); a w2 of at most 128x128 has a block scale of
     # shape [E, 1, 1], which reads as per tensor too (the same scaling, and its one group a row is the row).
-    w2_block = is_block_scale(w2_scale, hidden, two_i // 2)
-    if is_block_scale(w13_scale, two_i, hidden):
-        w2_block = tuple(w2_scale.shape) == block_shape(n_exp, hidden, two_i // 2)
-    if is_block_scale(w13_scale, two_i, hidden) != w2_block:
+    w13_block = is_block_scale(w13_scale, two_i, hidden)
+    w2_block = (tuple(w2_scale.shape) == block_shape(n_exp, hidden, two_i // 2) if w13_block
+                else is_block_scale(w2_scale, hidden, two_i // 2))
+    if w13_block != w2_block:
         raise ValueError("w13_scale and w2_scale must both be 128x128 block scales or neither: the activations are "
                          "quantized per 1x128 group for block weights, per token otherwise")
 

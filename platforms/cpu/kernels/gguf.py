@@ -72,15 +72,14 @@ _scratch_buffers = threading.local()
 
 
 def _scratch(shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
-    nbytes = shape[0] * shape[1] * torch.empty((), dtype=dtype).element_size()
-    if nbytes > _SCRATCH_MAX_BYTES:
-        return torch.empty(shape, dtype=dtype)
     buffers = getattr(_scratch_buffers, "by_size", None)
     if buffers is None:
         buffers = _scratch_buffers.by_size = {}
     buf = buffers.get((shape, dtype))
     if buf is None:
-        buf = buffers[(shape, dtype)] = torch.empty(shape, dtype=dtype)
+        buf = torch.empty(shape, dtype=dtype)
+        if shape[0] * shape[1] * dtype.itemsize <= _SCRATCH_MAX_BYTES:
+            buffers[(shape, dtype)] = buf
     return buf
 
 
