@@ -18,10 +18,12 @@ the benchmark unnoticed. Its numbers mean nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -307,6 +309,23 @@ def engine_section(ceil: dict, quick: bool, profile_dir: Path | None = None, tin
 def _empty_cache() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+TINY_LLAMA = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2)
+
+
+@contextlib.contextmanager
+def random_llama(tiny: bool, dtype: torch.dtype, device: str):
+    """A random-weight Llama directory in a temporary folder (8B-shaped, or TINY_LLAMA), removed afterwards:
+    yields (path, shape)."""
+    from engine.core.testing.random_model import LLAMA_8B, write_random_llama
+
+    shape = TINY_LLAMA if tiny else LLAMA_8B
+    root = Path(tempfile.mkdtemp(prefix="engine_bench_"))
+    try:
+        yield write_random_llama(root / "model", **shape, max_position=4096, dtype=dtype, device=device), shape
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def emit_row(rows: list[dict], row: dict, out: Path | None, name: str) -> None:

@@ -13,9 +13,7 @@ nothing).
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.bench_gpu import _empty_cache as empty_cache  # noqa: E402
-from benchmarks.bench_gpu import _prompts, _sync, emit_row, script_main
+from benchmarks.bench_gpu import _prompts, _sync, emit_row, random_llama, script_main  # noqa: E402
 
 GOAL = 0.9
 
@@ -41,16 +39,11 @@ def _rate(llm, n: int, in_len: int, out_len: int, vocab: int, seed: int) -> floa
 
 def run(tiny: bool = False, out: Path | None = None) -> list[dict]:
     from engine import LLM
-    from engine.core.testing.random_model import LLAMA_8B, write_random_llama
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    shape = (dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4,
-                  num_kv_heads=2) if tiny else LLAMA_8B)
     batches, in_len, out_len = ((1, 4), 8, 8) if tiny else ((1, 64), 128, 128)
-    root = Path(tempfile.mkdtemp(prefix="first_request_"))
     rows = []
-    try:
-        path = write_random_llama(root / "bf16", **shape, max_position=4096, dtype=torch.bfloat16, device=device)
+    with random_llama(tiny, torch.bfloat16, device) as (path, shape):
         for warmup in (False, True):
             t0 = time.perf_counter()
             llm = LLM(str(path), dtype="bfloat16", max_num_seqs=max(batches), max_model_len=1024,
@@ -68,8 +61,6 @@ def run(tiny: bool = False, out: Path | None = None) -> list[dict]:
                                 "warmup_s": llm.warmup_seconds}, out, "first_request")
             del llm
             empty_cache()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     return rows
 
 

@@ -20,9 +20,7 @@ warm-up generation per configuration runs first.
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.bench_gpu import _empty_cache as empty_cache  # noqa: E402
-from benchmarks.bench_gpu import _prompts, _sync, emit_row, script_main
+from benchmarks.bench_gpu import _prompts, _sync, emit_row, random_llama, script_main  # noqa: E402
 
 VERIFY_GOAL = 1.15  # verify step of 5 rows / decode step, batch 1
 SCALING_GOAL = 3.0  # k = 0 tok/s at 4 sequences / at 1
@@ -82,21 +80,15 @@ def _generate(llm, prompts, params) -> tuple[list[list[int]], float, int]:
 def run(tiny: bool = False, out: Path | None = None) -> list[dict]:
     from engine import LLM, SamplingParams
     from engine.core.engine.spec_decode import SpeculativeConfig, Speculator
-    from engine.core.testing.random_model import LLAMA_8B, write_random_llama
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    shape = (dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4,
-                  num_kv_heads=2) if tiny else LLAMA_8B)
     in_len, out_len, ks = (8, 12, (2,)) if tiny else (128, 128, (2, 4))
-    root = Path(tempfile.mkdtemp(prefix="spec_decode_"))
     rows = []
 
     def emit(row):
         emit_row(rows, row, out, "spec_decode")
 
-    try:
-        path = write_random_llama(root / "bf16", **shape, max_position=4096,
-                                  dtype=torch.bfloat16 if device == "cuda" else torch.float32, device=device)
+    with random_llama(tiny, torch.bfloat16 if device == "cuda" else torch.float32, device) as (path, shape):
         llm = LLM(str(path), dtype="bfloat16" if device == "cuda" else "float32", max_num_seqs=4,
                   max_model_len=1024, enable_prefix_caching=False)
         params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
@@ -136,8 +128,6 @@ def run(tiny: bool = False, out: Path | None = None) -> list[dict]:
               "verify_disabled": graphs.verify_disabled if graphs else "no graphs"})
         del llm
         empty_cache()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     return rows
 
 
