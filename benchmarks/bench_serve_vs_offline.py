@@ -15,8 +15,9 @@ of the same shapes (what CI runs, tiny).
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
 import datetime
+import gc
 import json
 import os
 import random
@@ -26,8 +27,10 @@ import sys
 import tempfile
 import time
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_serve import _cpu_name, _free_port, _level, _wait_ready, running_server  # noqa: E402
+from bench_serve import _cpu_name, _free_port, _wait_ready, level_in_processes, running_server  # noqa: E402
 
 # Output tokens of each warm-up request: a CPU decode graph is captured on a batch size's second decode step, so a
 # warm-up of 2 tokens (one decode step) left both sides' first captures inside the timed run.
@@ -38,7 +41,8 @@ def offline(llm_kwargs: dict, prompts: list[list[int]], output_tokens: int, clie
             warm: list[list[int]]) -> float:
     """Output tokens per second of LLM.generate on ``prompts`` with ``clients`` sequences at a time, after a
     warm-up on ``warm`` (other prompts: a warm-up on the measured ones would leave them in the prefix cache, and
-    the measured run would skip their prefill)."""
+    the measured run would skip their prefill). The engine is released before returning (on a GPU the served
+    engine shares the device)."""
     from engine.core.engine.llm import LLM
     from engine.core.engine.sampling_params import SamplingParams
 
@@ -47,7 +51,12 @@ def offline(llm_kwargs: dict, prompts: list[list[int]], output_tokens: int, clie
     llm.generate(warm, SamplingParams(temperature=0, max_tokens=WARM_TOKENS, ignore_eos=True))
     t0 = time.perf_counter()
     llm.generate(prompts, params)
-    return len(prompts) * output_tokens / (time.perf_counter() - t0)
+    rate = len(prompts) * output_tokens / (time.perf_counter() - t0)
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return rate
 
 
 def token_prompts(vocab: int, n: int, length: int, rng: random.Random) -> list[list[int]]:
@@ -72,8 +81,9 @@ def guidellm_level(exe: str, port: int, tokenizer_dir: str, clients: int, reques
             "requests": m["request_totals"]["successful"]}
 
 
-def builtin_level(port: int, name: str, prompts: list[list[int]], clients: int, output_tokens: int) -> dict:
-    r = asyncio.run(_level(port, name, prompts, output_tokens, clients, {"ignore_eos": True}))
+def builtin_level(port: int, name: str, prompts: list[list[int]], clients: int, output_tokens: int,
+                  procs: int = 1) -> dict:
+    r = level_in_processes(port, name, prompts, output_tokens, clients, {"ignore_eos": True}, procs)
     return {"output_tok_per_s": r["output_tok_per_s"], "ttft_p50_ms": r["ttft_p50_ms"], "itl_p50_ms": r["itl_p50_ms"],
             "requests": len(prompts)}
 
@@ -90,6 +100,25 @@ def export_tokenizer(model: str | None) -> str:
     return d
 
 
+@contextlib.contextmanager
+def random_model(shape: str | None, dtype: str):
+    """A random-weight Llama of ``shape`` (one of RANDOM_SHAPES) in a temporary folder, or None."""
+    if shape is None:
+        yield None
+        return
+    from engine.core.testing import random_model as rm
+
+    dims = {"8b": rm.LLAMA_8B, "1b": rm.LLAMA_1B, "tiny": TINY_LLAMA}[shape]
+    with tempfile.TemporaryDirectory(prefix="engine-serve-bench-") as d:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        yield str(rm.write_random_llama(os.path.join(d, "model"), **dims, max_position=4096,
+                                        dtype=getattr(torch, dtype), device=device))
+
+
+RANDOM_SHAPES = ("tiny", "1b", "8b")
+TINY_LLAMA = dict(vocab_size=2048, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--configs", nargs="+", default=[""], help="`engine serve` option strings, one server each")
@@ -98,22 +127,54 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=0, help="per level (default: 2 per client, at least 8)")
     ap.add_argument("--guidellm", default=shutil.which("guidellm"), help="the guidellm executable")
+    ap.add_argument("--client-procs", type=int, default=1,
+                    help="built-in load generator: spread the clients over this many processes")
     ap.add_argument("--model")
+    ap.add_argument("--random-llama", choices=RANDOM_SHAPES,
+                    help="serve a random-weight Llama of this shape (written on the GPU when there is one)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="GPUs: the server's share of device memory; the offline engine, which runs beside it, "
+                         "takes up to 0.9 of the total in all (default: CPU sizing, a 1 GiB KV cache each)")
     args = ap.parse_args(argv)
+    with random_model(args.random_llama, args.dtype) as path:
+        return measure(args, path or args.model)
+
+
+def vocab_size(model: str | None) -> int:
+    """The model's vocabulary size; an HF directory's from its config.json (loading an 8B checkpoint to learn it
+    would take longer than the benchmark)."""
+    if model is not None and os.path.isdir(model):
+        with open(os.path.join(model, "config.json")) as f:
+            return json.load(f)["vocab_size"]
     from engine.core.loader.checkpoint import load_checkpoint
 
-    vocab = load_checkpoint(args.model).config.vocab_size
-    tok_dir = export_tokenizer(args.model) if args.guidellm else None
+    return load_checkpoint(model).config.vocab_size
+
+
+def measure(args, model: str | None) -> dict:
+    vocab = vocab_size(model)
+    tok_dir = export_tokenizer(model) if args.guidellm else None
     rng = random.Random(0)
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"), "cpu": _cpu_name(),
               "cores": len(os.sched_getaffinity(0)), "load_generator": "guidellm" if args.guidellm else "builtin",
-              "prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
-              "load_average_start": os.getloadavg()}
-    llm_kwargs = {"model": args.model, "kv_cache_bytes": 1 << 30}
+              "client_procs": args.client_procs, "prompt_tokens": args.prompt_tokens,
+              "output_tokens": args.output_tokens, "model": args.random_llama or model or "built-in",
+              "dtype": args.dtype, "load_average_start": os.getloadavg()}
+    if torch.cuda.is_available():
+        result["gpu"] = torch.cuda.get_device_name()
+    server_args = ["--dtype", args.dtype]
+    llm_kwargs = {"model": model, "dtype": args.dtype}
+    if args.gpu_memory_utilization is None:
+        llm_kwargs["kv_cache_bytes"] = 1 << 30
+    else:
+        server_args += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+        llm_kwargs["gpu_memory_utilization"] = 0.9
     for config in args.configs:
         port = _free_port()
         with running_server([sys.executable, "-m", "engine.core.cli", "serve", "--port", str(port), "--log-level",
-                             "warning", *(["--model", args.model] if args.model else []), *config.split()]) as proc:
+                             "warning", *(["--model", model] if model else []), *server_args,
+                             *config.split()]) as proc:
             name = _wait_ready(f"http://127.0.0.1:{port}", proc)
             levels = {}
             for clients in args.clients:
@@ -124,10 +185,10 @@ def main(argv: list[str] | None = None) -> dict:
                 warm = token_prompts(vocab, clients, args.prompt_tokens, rng)
                 base = offline(llm_kwargs, prompts, args.output_tokens, clients, warm)
                 if not args.guidellm:
-                    builtin_level(port, name, warm, clients, WARM_TOKENS)
+                    builtin_level(port, name, warm, clients, WARM_TOKENS, args.client_procs)
                 served = (guidellm_level(args.guidellm, port, tok_dir, clients, n, args.prompt_tokens,
                                          args.output_tokens) if args.guidellm else
-                          builtin_level(port, name, prompts, clients, args.output_tokens))
+                          builtin_level(port, name, prompts, clients, args.output_tokens, args.client_procs))
                 levels[str(clients)] = {"offline_tok_per_s": base, **served,
                                         "served_vs_offline": served["output_tok_per_s"] / base}
                 print(config or "(defaults)", clients, json.dumps(levels[str(clients)]), file=sys.stderr, flush=True)

@@ -25,6 +25,7 @@ def test_bench_serve_vs_offline_tiny():
     import bench_serve_vs_offline
 
     result = bench_serve_vs_offline.main(["--clients", "1", "2", "--prompt-tokens", "8", "--output-tokens", "3",
-                                          "--requests", "2", "--guidellm", "", "--configs", "--loop asyncio"])
+                                          "--requests", "2", "--guidellm", "", "--client-procs", "2", "--configs",
+                                          "--loop asyncio"])
     level = result["--loop asyncio"]["2"]
     assert level["requests"] == 2 and level["offline_tok_per_s"] > 0 and level["served_vs_offline"] > 0
