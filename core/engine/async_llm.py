@@ -246,14 +246,28 @@ class AsyncLLM:
 
 async def stream_updates(queue: asyncio.Queue, end) -> AsyncIterator[StepUpdate]:
     """A request's updates from ``queue`` until its last one (an exception put there is raised to the consumer);
-    ``end(finished)`` runs however the iteration stops (finished False: the consumer left early)."""
+    ``end(finished)`` runs however the iteration stops (finished False: the consumer left early).
+
+    Updates of one completion that are already waiting when the consumer comes for the next are merged into one
+    (``StepUpdate.then``): a consumer slower than the engine (a server writing thousands of chunks a second) then
+    writes fewer, larger chunks instead of falling further behind."""
     finished = False
+    held = None
     try:
         while True:
-            item = await queue.get()
+            if held is None:
+                item = await queue.get()
+            else:
+                item, held = held, None
             if isinstance(item, BaseException):
                 finished = True
                 raise item
+            while not item.request_finished and not queue.empty():
+                nxt = queue.get_nowait()
+                if isinstance(nxt, BaseException) or nxt.index != item.index:
+                    held = nxt
+                    break
+                item = item.then(nxt)
             yield item
             if item.request_finished:
                 finished = True

@@ -64,3 +64,14 @@ class StepUpdate:
     index: int = 0  # which completion (0 .. n-1)
     new_logprobs: list[dict[int, Logprob]] | None = None  # for new_token_ids, when logprobs were asked for
     request_finished: bool = False  # this update finished the request's last unfinished completion
+
+    def then(self, later: StepUpdate) -> StepUpdate:
+        """This update and ``later`` (the same completion's next) as one: a consumer that fell behind the engine
+        sends one chunk for both instead of two."""
+        if later.request_id != self.request_id or later.index != self.index:
+            raise ValueError("only updates of one completion can be merged")
+        logprobs = None if self.new_logprobs is None and later.new_logprobs is None else [
+            *(self.new_logprobs or ()), *(later.new_logprobs or ())]
+        return StepUpdate(self.request_id, self.delta_text + later.delta_text,
+                          self.new_token_ids + later.new_token_ids, later.finished, later.output, self.index,
+                          logprobs, later.request_finished)

@@ -8,8 +8,9 @@ import asyncio
 import pytest
 import torch
 
-from engine.core.engine.async_llm import AsyncLLM, QueueFullError, RequestFailedError, is_device_fault
+from engine.core.engine.async_llm import AsyncLLM, QueueFullError, RequestFailedError, is_device_fault, stream_updates
 from engine.core.engine.llm import LLM
+from engine.core.engine.outputs import Logprob, RequestOutput, StepUpdate
 from engine.core.engine.sampling_params import SamplingParams
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time", "def add(a, b):"]
@@ -124,6 +125,78 @@ def test_async_engine_many_coroutines_abort_and_bad_input(llm):
         engine.shutdown()
     assert not engine.is_running
     assert torch.is_tensor(llm.prompt_logits([1, 2]))  # the LLM is usable offline again
+
+
+def _update(index: int, tok: int, request_finished: bool = False, logprobs: bool = True) -> StepUpdate:
+    out = RequestOutput("r", None, [1])
+    return StepUpdate("r", f"<{tok}>", [tok], request_finished, out, index,
+                      [{tok: Logprob(-float(tok), 1)}] if logprobs else None, request_finished)
+
+
+def test_updates_waiting_for_a_slow_consumer_are_merged_per_completion():
+    """What already waits when the consumer comes back is one update per run of one completion's updates;
+    another completion's update or an exception ends the run, and an exception is still raised in its place."""
+    import random
+
+    rng = random.Random()
+    toks = [rng.randrange(1000) for _ in range(7)]
+
+    async def main():
+        q: asyncio.Queue = asyncio.Queue()
+        for i, tok in enumerate(toks[:3]):
+            q.put_nowait(_update(0, tok, logprobs=i != 1))  # a run mixing updates with and without logprobs
+        q.put_nowait(_update(1, toks[3]))
+        q.put_nowait(_update(1, toks[4]))
+        q.put_nowait(_update(0, toks[5], logprobs=False))
+        q.put_nowait(RuntimeError("step failed"))
+        q.put_nowait(_update(0, toks[6]))
+        ends = []
+        got = []
+        with pytest.raises(RuntimeError, match="step failed"):
+            async for u in stream_updates(q, ends.append):
+                got.append(u)
+        assert [(u.index, u.new_token_ids, u.delta_text) for u in got] == [
+            (0, toks[:3], "".join(f"<{t}>" for t in toks[:3])), (1, toks[3:5], f"<{toks[3]}><{toks[4]}>"),
+            (0, [toks[5]], f"<{toks[5]}>")]
+        assert [list(d) for d in got[0].new_logprobs] == [[toks[0]], [toks[2]]]
+        assert got[2].new_logprobs is None
+        assert ends == [True]
+
+        q2: asyncio.Queue = asyncio.Queue()
+        q2.put_nowait(_update(0, toks[0]))
+        q2.put_nowait(_update(0, toks[1], request_finished=True))
+        q2.put_nowait(_update(0, toks[2]))  # nothing is read past the request's last update
+        assert [u.new_token_ids async for u in stream_updates(q2, ends.append)] == [toks[:2]]
+        assert q2.qsize() == 1 and ends == [True, True]
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="one completion"):
+        _update(0, 1).then(_update(1, 2))
+
+
+def test_a_consumer_that_falls_behind_gets_every_token_in_fewer_updates(llm):
+    """The consumer waits, after the first update, until the engine has finished the request: the rest reaches
+    it as one update, and text, tokens and logprobs are those of the offline run."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    [want] = llm.generate([PROMPTS[2]], params)
+    engine = AsyncLLM(llm, max_queue=8)
+    try:
+        async def main():
+            updates = []
+            async for u in engine.generate(PROMPTS[2], params):
+                updates.append(u)
+                while len(updates) == 1 and engine.num_running:
+                    await asyncio.sleep(0.005)
+            return updates
+
+        updates = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    want = want.outputs[0]
+    assert len(updates) == 2 and updates[-1].request_finished
+    assert [t for u in updates for t in u.new_token_ids] == want.token_ids
+    assert "".join(u.delta_text for u in updates) == want.text
+    assert [d for u in updates for d in u.new_logprobs] == want.logprobs
 
 
 def test_a_failing_step_ends_its_requests_and_the_engine_serves_on(either_llm):
