@@ -25,6 +25,9 @@ def add_arguments(p) -> None:
                    help="requests waiting for a slot before new ones get 503 with Retry-After")
     p.add_argument("--max-num-seqs", type=int, default=64,
                    help="sequences computed together in one step (per engine process)")
+    p.add_argument("--engine-process", action="store_true",
+                   help="run the engine in a process of its own, as --data-parallel-size does, also for one engine: "
+                        "the server's work per streamed chunk then shares no interpreter lock with the engine loop")
     p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
                    help="N engine processes behind this server, each loading the model on its own share of the "
                         "machine (cores on a CPU, one device each on GPUs); requests go to the least busy")
@@ -68,8 +71,9 @@ def run(args) -> int:
         raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     if args.tensor_parallel_size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
-    if args.data_parallel_size > 1 and args.tensor_parallel_size > 1:
-        raise ValueError("--data-parallel-size with --tensor-parallel-size is not supported yet: choose one")
+    if (args.data_parallel_size > 1 or args.engine_process) and args.tensor_parallel_size > 1:
+        raise ValueError("--data-parallel-size or --engine-process with --tensor-parallel-size is not supported yet: "
+                         "choose one")
     if args.key_health_and_metrics and not args.api_key:
         raise ValueError("--key-health-and-metrics needs --api-key (or $ENGINE_API_KEY): there is no key to require")
     ssl_options = tls.uvicorn_options(args)
@@ -89,7 +93,7 @@ def run(args) -> int:
         print(f"engine serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} (is another server "
               "running there? pick another --port)", file=sys.stderr, flush=True)
         return 2
-    if args.data_parallel_size > 1:
+    if args.data_parallel_size > 1 or args.engine_process:
         async_llm = data_parallel_engine(args)
     else:
         llm = load_llm(args, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)

@@ -184,10 +184,38 @@ def test_a_lost_tensor_parallel_rank_stops_the_server_non_zero():
     assert proc.returncode not in (0, None) and "rank 1 has exited" in err, err
 
 
-def test_data_parallel_with_tensor_parallel_is_refused_before_loading():
-    proc = subprocess.run([sys.executable, "-m", "engine.core.cli", "serve", "--port", "0", "--data-parallel-size",
-                           "2", "--tensor-parallel-size", "2"], cwd=REPO, capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("flag", [["--data-parallel-size", "2"], ["--engine-process"]])
+def test_data_parallel_with_tensor_parallel_is_refused_before_loading(flag):
+    proc = subprocess.run([sys.executable, "-m", "engine.core.cli", "serve", "--port", "0", *flag,
+                           "--tensor-parallel-size", "2"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "choose one" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.usefixtures("default_model")
+def test_engine_process_serves_from_a_child_process():
+    """--engine-process: one engine, in a process of its own (the server holds no model), streams the same greedy
+    text the in-process engine gives offline with the model's sampling defaults (as the server applies them)."""
+    import psutil
+
+    from engine.core.engine.llm import LLM
+    from engine.core.engine.sampling_params import SamplingParams
+
+    llm = LLM(max_model_len=256)
+    want = llm.generate(["The capital of France is"],
+                        SamplingParams(**{**llm.generation_defaults, "temperature": 0, "max_tokens": 12}))
+    port, proc = _serve("--engine-process", "--max-model-len", "256", "--served-model-name", "tiny",
+                        "--log-level", "warning")
+    try:
+        engines = [c for c in psutil.Process(proc.pid).children() if "resource_tracker" not in " ".join(c.cmdline())]
+        assert len(engines) == 1, [c.cmdline() for c in engines]
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        stream = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=12,
+                                           temperature=0, stream=True)
+        assert "".join(c.choices[0].text for c in stream if c.choices) == want[0].outputs[0].text
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err
 
 
 @pytest.mark.usefixtures("default_model")
