@@ -25,9 +25,10 @@ def add_arguments(p) -> None:
                    help="requests waiting for a slot before new ones get 503 with Retry-After")
     p.add_argument("--max-num-seqs", type=int, default=64,
                    help="sequences computed together in one step (per engine process)")
-    p.add_argument("--engine-process", action="store_true",
+    p.add_argument("--engine-process", default="auto", choices=("auto", "on", "off"),
                    help="run the engine in a process of its own, as --data-parallel-size does, also for one engine: "
-                        "the server's work per streamed chunk then shares no interpreter lock with the engine loop")
+                        "the server's work per streamed chunk then shares no interpreter lock with the engine loop "
+                        "(auto: on for GPU platforms, off on the CPU)")
     p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
                    help="N engine processes behind this server, each loading the model on its own share of the "
                         "machine (cores on a CPU, one device each on GPUs); requests go to the least busy")
@@ -71,9 +72,11 @@ def run(args) -> int:
         raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     if args.tensor_parallel_size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
-    if (args.data_parallel_size > 1 or args.engine_process) and args.tensor_parallel_size > 1:
-        raise ValueError("--data-parallel-size or --engine-process with --tensor-parallel-size is not supported yet: "
-                         "choose one")
+    if args.data_parallel_size > 1 and args.tensor_parallel_size > 1:
+        raise ValueError("--data-parallel-size with --tensor-parallel-size is not supported yet: choose one")
+    if args.engine_process == "on" and args.tensor_parallel_size > 1:
+        raise ValueError("--engine-process on with --tensor-parallel-size is not supported yet (the tensor-parallel "
+                         "ranks are the engine's own processes): leave --engine-process at auto or off")
     if args.key_health_and_metrics and not args.api_key:
         raise ValueError("--key-health-and-metrics needs --api-key (or $ENGINE_API_KEY): there is no key to require")
     ssl_options = tls.uvicorn_options(args)
@@ -93,7 +96,7 @@ def run(args) -> int:
         print(f"engine serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} (is another server "
               "running there? pick another --port)", file=sys.stderr, flush=True)
         return 2
-    if args.data_parallel_size > 1 or args.engine_process:
+    if args.data_parallel_size > 1 or engine_in_own_process(args):
         async_llm = data_parallel_engine(args)
     else:
         llm = load_llm(args, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
@@ -104,6 +107,18 @@ def run(args) -> int:
     scheme = "https" if ssl_options else "http"
     print(f"engine serve: model {name!r} on {scheme}://{args.host}:{args.port}/v1", flush=True)
     return serve(app, async_llm, sock, args.log_level, {**ssl_options, "loop": args.loop, "http": args.http})
+
+
+def engine_in_own_process(args) -> bool:
+    """--engine-process: on, off, or auto (the platform's ``serve_engine_process``; never with tensor parallelism,
+    whose ranks are processes already)."""
+    if args.engine_process != "auto":
+        return args.engine_process == "on"
+    if args.tensor_parallel_size > 1:
+        return False
+    from .cli_generate import checked_platform
+
+    return checked_platform(args).serve_engine_process
 
 
 def data_parallel_engine(args):

@@ -48,6 +48,10 @@ class Platform:
     # True: LLM runs the shapes of a server's first requests at load by default (LLM.warm_up), because kernels
     # compile on their first use here (Triton's JIT), which would otherwise fall on the first requests.
     warmup_at_load: ClassVar[bool] = False
+    # True: ``engine serve`` runs the engine in a process of its own by default (--engine-process auto). Where a
+    # device computes the steps, a fast engine's host work and the server's per-chunk work would otherwise take
+    # turns on one interpreter lock; on the host the engine's kernels already share the cores with the server.
+    serve_engine_process: ClassVar[bool] = False
     # The environment variable naming the devices a process may use (CUDA_VISIBLE_DEVICES, ...): a data-parallel
     # server gives each engine process one device through it. None on a host platform, whose engine processes
     # share out the cores instead.
@@ -173,6 +177,7 @@ class TorchAcceleratorPlatform(Platform):
     memory_sized_kv_cache = True
     device_graphs = True
     warmup_at_load = True
+    serve_engine_process = True
 
     def _module(self):
         return torch.get_device_module(self.device_type)

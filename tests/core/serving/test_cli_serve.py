@@ -184,16 +184,40 @@ def test_a_lost_tensor_parallel_rank_stops_the_server_non_zero():
     assert proc.returncode not in (0, None) and "rank 1 has exited" in err, err
 
 
-@pytest.mark.parametrize("flag", [["--data-parallel-size", "2"], ["--engine-process"]])
-def test_data_parallel_with_tensor_parallel_is_refused_before_loading(flag):
+@pytest.mark.parametrize("flag, says", [(["--data-parallel-size", "2"], "choose one"),
+                                        (["--engine-process", "on"], "leave --engine-process at auto or off")])
+def test_data_parallel_with_tensor_parallel_is_refused_before_loading(flag, says):
     proc = subprocess.run([sys.executable, "-m", "engine.core.cli", "serve", "--port", "0", *flag,
                            "--tensor-parallel-size", "2"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "choose one" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode != 0 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_engine_process_auto_follows_the_platform():
+    """auto: a process of its own on GPU platforms (every torch-accelerator plugin), in the server on the CPU,
+    never with tensor parallelism; on / off as told."""
+    import argparse
+
+    from engine.core.cli_serve import engine_in_own_process
+    from engine.core.platform import TorchAcceleratorPlatform
+    from engine.platforms.cpu.platform import CpuPlatform
+    from engine.platforms.cuda.platform import CudaPlatform
+    from engine.platforms.rocm.platform import RocmPlatform
+    from engine.platforms.xpu.platform import XpuPlatform
+
+    assert all(issubclass(c, TorchAcceleratorPlatform) and c.serve_engine_process
+               for c in (CudaPlatform, RocmPlatform, XpuPlatform))
+    assert not CpuPlatform.serve_engine_process
+
+    def args(mode, tp=1):
+        return argparse.Namespace(engine_process=mode, tensor_parallel_size=tp, platform="cpu", dtype="float32")
+
+    assert [engine_in_own_process(args(m)) for m in ("auto", "on", "off")] == [False, True, False]
+    assert not engine_in_own_process(args("auto", tp=2))
 
 
 @pytest.mark.usefixtures("default_model")
 def test_engine_process_serves_from_a_child_process():
-    """--engine-process: one engine, in a process of its own (the server holds no model), streams the same greedy
+    """--engine-process on: one engine, in a process of its own (the server holds no model), streams the same greedy
     text the in-process engine gives offline with the model's sampling defaults (as the server applies them)."""
     import psutil
 
@@ -203,7 +227,7 @@ def test_engine_process_serves_from_a_child_process():
     llm = LLM(max_model_len=256)
     want = llm.generate(["The capital of France is"],
                         SamplingParams(**{**llm.generation_defaults, "temperature": 0, "max_tokens": 12}))
-    port, proc = _serve("--engine-process", "--max-model-len", "256", "--served-model-name", "tiny",
+    port, proc = _serve("--engine-process", "on", "--max-model-len", "256", "--served-model-name", "tiny",
                         "--log-level", "warning")
     try:
         engines = [c for c in psutil.Process(proc.pid).children() if "resource_tracker" not in " ".join(c.cmdline())]
