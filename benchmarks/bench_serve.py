@@ -188,13 +188,18 @@ async def _run_clients(port, model, prompts, max_tokens, clients, extra) -> tupl
 
 def _summary(results: list[dict], wall: float, clients: int, max_tokens: int) -> dict:
     ttft = [r["ttft"] for r in results if r["ttft"] is not None]
-    itl = [x for r in results for x in r["itl"]]
+    itl = [x for r in results for x in r["itl"]]  # empty when every answer came in one chunk
     out_tokens = len(results) * max_tokens
+
+    def ms(xs, q):
+        v = _pct(xs, q)
+        return None if v is None else v * 1e3
+
     return {"clients": clients, "requests": len(results), "output_tokens": out_tokens, "wall_s": wall,
             "output_tok_per_s": out_tokens / wall,
-            "ttft_p50_ms": _pct(ttft, 50) * 1e3, "ttft_p99_ms": _pct(ttft, 99) * 1e3,
+            "ttft_p50_ms": ms(ttft, 50), "ttft_p99_ms": ms(ttft, 99),
             "ttft_ms": [round(x * 1e3, 1) for x in ttft] if clients == 1 else None,
-            "itl_p50_ms": _pct(itl, 50) * 1e3, "itl_p99_ms": _pct(itl, 99) * 1e3,
+            "itl_p50_ms": ms(itl, 50), "itl_p99_ms": ms(itl, 99),
             "chunks_per_request": sum(r["chunks"] for r in results) / len(results)}
 
 
