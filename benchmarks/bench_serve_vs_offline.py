@@ -89,12 +89,15 @@ def builtin_level(port: int, name: str, prompts: list[list[int]], clients: int, 
 
 
 def export_tokenizer(model: str | None) -> str:
-    """The model's tokenizer as an HF tokenizer directory (guidellm counts tokens with transformers)."""
-    from engine.core.loader.checkpoint import load_checkpoint
-
-    tok = load_checkpoint(model).tokenizer
+    """The model's tokenizer as an HF tokenizer directory (guidellm counts tokens with transformers); an HF
+    directory's own tokenizer.json is copied (loading an 8B checkpoint for it would take minutes)."""
     d = tempfile.mkdtemp(prefix="engine-tok-")
-    tok.raw.save(os.path.join(d, "tokenizer.json"))
+    if model is not None and os.path.isfile(os.path.join(model, "tokenizer.json")):
+        shutil.copy(os.path.join(model, "tokenizer.json"), d)
+    else:
+        from engine.core.loader.checkpoint import load_checkpoint
+
+        load_checkpoint(model).tokenizer.raw.save(os.path.join(d, "tokenizer.json"))
     with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20}, f)
     return d
@@ -184,8 +187,7 @@ def measure(args, model: str | None) -> dict:
                 # this level's batch shapes once before it is timed.
                 warm = token_prompts(vocab, clients, args.prompt_tokens, rng)
                 base = offline(llm_kwargs, prompts, args.output_tokens, clients, warm)
-                if not args.guidellm:
-                    builtin_level(port, name, warm, clients, WARM_TOKENS, args.client_procs)
+                builtin_level(port, name, warm, clients, WARM_TOKENS, args.client_procs)
                 served = (guidellm_level(args.guidellm, port, tok_dir, clients, n, args.prompt_tokens,
                                          args.output_tokens) if args.guidellm else
                           builtin_level(port, name, prompts, clients, args.output_tokens, args.client_procs))
