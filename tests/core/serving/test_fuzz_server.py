@@ -106,10 +106,19 @@ chat_bodies = st.fixed_dictionaries(
                   st.one_of(st.booleans(), junk), max_size=3))})
 
 
-@pytest.fixture(scope="module")
-def server():
-    llm = LLM(kv_cache_bytes=32 << 20, max_num_seqs=16, max_model_len=96)
-    engine = AsyncLLM(llm, max_queue=4096)
+@pytest.fixture(scope="module", params=["in_process", "engine_process"])
+def server(request):
+    """The server with its engine in its own process (``--engine-process on``, the GPU default: the data-parallel
+    path with one process) and in the server's process (the CPU default)."""
+    kwargs = dict(kv_cache_bytes=32 << 20, max_num_seqs=16, max_model_len=96)
+    if request.param == "engine_process":
+        from engine.core import plugins
+        from engine.core.engine.data_parallel import DataParallelLLM
+
+        platform = plugins.activate()
+        engine = DataParallelLLM({**kwargs, "platform": platform.name}, 1, platform, max_queue=4096)
+    else:
+        engine = AsyncLLM(LLM(**kwargs), max_queue=4096)
     from engine.core.serving.app import build_app
 
     running = start_server(build_app(engine, MODEL, tool_call_parser="hermes", reasoning_parser="qwen3"))
@@ -169,8 +178,7 @@ def test_after_the_fuzzing_the_server_is_healthy_and_the_pool_whole(server):
 
     http, engine = server
     assert http.get("/health").status_code == 200
-    bm = engine.llm.block_manager
     deadline = time.monotonic() + 30
-    while not (engine.num_running == 0 and engine.num_waiting == 0 and bm.num_free_blocks == bm.num_blocks):
+    while not (engine.num_running == 0 and engine.num_waiting == 0 and engine.kv_cache_usage == 0):
         assert time.monotonic() < deadline, "KV blocks leaked by the fuzzed requests"
         time.sleep(0.05)
