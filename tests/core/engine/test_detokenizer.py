@@ -48,30 +48,38 @@ def _random_text(n: int) -> str:
     return "".join(parts)
 
 
-def _stream(tok, prompt_ids, output_ids, skip_special_tokens=True):
-    detok = IncrementalDetokenizer(tok, prompt_ids, skip_special_tokens)
+@pytest.fixture(params=[False, True], ids=["window", "decode_stream"])
+def stream(request):
+    """Every case runs on both paths: the two-decode window in Python and tokenizers' DecodeStream (which the
+    contexts here, whole characters, always allow)."""
+    return request.param
+
+
+def _stream(tok, prompt_ids, output_ids, skip_special_tokens=True, *, stream):
+    detok = IncrementalDetokenizer(tok, prompt_ids, skip_special_tokens, stream=stream)
+    assert (detok._stream is not None) is stream
     deltas = [detok.add(t) for t in output_ids]
     return detok, deltas
 
 
-def test_split_characters_are_emitted_whole(byte_bpe):
+def test_split_characters_are_emitted_whole(byte_bpe, stream):
     split_seen = False
     for _ in range(30):
         prompt = byte_bpe.encode(_random_text(random.randint(1, 8))).ids
         out = byte_bpe.encode(_random_text(random.randint(1, 20))).ids
         split_seen |= any("\ufffd" in byte_bpe.decode([t]) for t in out)
-        detok, deltas = _stream(byte_bpe, prompt, out)
+        detok, deltas = _stream(byte_bpe, prompt, out, stream=stream)
         assert all("\ufffd" not in d for d in deltas)
         assert "".join(deltas) == detok.text == byte_bpe.decode(out)
         assert "\ufffd" not in detok.text
     assert split_seen, "no character spanned several tokens: the test would prove nothing"
 
 
-def test_empty_prompt_and_one_byte_at_a_time(byte_bpe):
+def test_empty_prompt_and_one_byte_at_a_time(byte_bpe, stream):
     text = "".join(chr(random.randint(0x1F601, 0x1F64F)) for _ in range(5))  # none of them in the corpus
     out = byte_bpe.encode(text).ids
     assert len(out) > len(text)
-    detok, deltas = _stream(byte_bpe, [], out)
+    detok, deltas = _stream(byte_bpe, [], out, stream=stream)
     # Each emoji appears once, whole, as soon as its last byte arrives; a merge learnt across two code points
     # ("👍🏽" in the corpus) can complete two in one token, so a delta may hold more than one.
     assert "".join(deltas) == text
@@ -80,25 +88,25 @@ def test_empty_prompt_and_one_byte_at_a_time(byte_bpe):
 
 
 @pytest.mark.parametrize("skip", [True, False])
-def test_special_tokens(byte_bpe, skip):
+def test_special_tokens(byte_bpe, skip, stream):
     end_id = byte_bpe.token_to_id(END)
     out = byte_bpe.encode(_random_text(5)).ids + [end_id] + byte_bpe.encode(_random_text(3)).ids
-    detok, deltas = _stream(byte_bpe, byte_bpe.encode("hello").ids, out, skip_special_tokens=skip)
+    detok, deltas = _stream(byte_bpe, byte_bpe.encode("hello").ids, out, skip_special_tokens=skip, stream=stream)
     assert "".join(deltas) == byte_bpe.decode(out, skip_special_tokens=skip)
     assert (END in detok.text) is not skip
 
 
-def test_flush_releases_an_incomplete_tail(byte_bpe):
+def test_flush_releases_an_incomplete_tail(byte_bpe, stream):
     ids = byte_bpe.encode("ok " + chr(random.randint(0x1F601, 0x1F64F))).ids
     out = ids[:-1]  # generation stopped inside the emoji's bytes
-    detok, deltas = _stream(byte_bpe, [], out)
+    detok, deltas = _stream(byte_bpe, [], out, stream=stream)
     assert "\ufffd" not in detok.text
     tail = detok.flush()
     assert tail.endswith("\ufffd")
     assert detok.text == byte_bpe.decode(out)
 
 
-def test_context_dependent_decoding():
+def test_context_dependent_decoding(stream):
     """A Metaspace tokenizer drops the space before the first token it decodes; the prompt context keeps it."""
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -108,7 +116,43 @@ def test_context_dependent_decoding():
     for _ in range(10):
         prompt = tok.encode(" ".join(random.choices(words, k=random.randint(1, 9)))).ids
         out = tok.encode(" ".join(random.choices(words, k=random.randint(1, 9)))).ids
-        detok, deltas = _stream(tok, prompt, out)
+        detok, deltas = _stream(tok, prompt, out, stream=stream)
         full, head = tok.decode(prompt + out), tok.decode(prompt)
         assert "".join(deltas) == full[len(head):]
         assert deltas[0].startswith(" ")  # token-by-token decoding would lose this space
+
+
+def test_both_paths_give_the_same_deltas_on_the_built_in_tokenizer():
+    """The built-in model's tokenizer (the wrapper the engine passes, byte-level BPE from GGUF): random token ids
+    (bytes of split characters and special tokens included), both paths delta for delta; an id outside the
+    vocabulary is refused by both."""
+    from tests import needs
+
+    needs.default_model()
+    from engine.core.loader.checkpoint import load_checkpoint
+
+    tok = load_checkpoint().tokenizer
+    n = tok.vocab_size
+    used_stream = 0
+    for _ in range(40):
+        prompt = [random.randrange(n) for _ in range(random.randint(0, 12))]
+        out = [random.randrange(n) for _ in range(random.randint(1, 40))]
+        skip = random.random() < 0.5
+        window = IncrementalDetokenizer(tok, prompt, skip, stream=False)
+        auto = IncrementalDetokenizer(tok, prompt, skip)  # DecodeStream unless the context ends mid-character
+        assert [window.add(t) for t in out] == [auto.add(t) for t in out]
+        assert window.flush() == auto.flush() and window.text == auto.text
+        used_stream += auto._stream is not None
+    assert used_stream, "no case ran on DecodeStream: the test would prove nothing"
+    for stream in (False, True):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            IncrementalDetokenizer(tok, [], stream=stream).add(n)
+
+
+def test_a_decoder_that_is_not_a_tokenizers_tokenizer_takes_the_window():
+    class Plain:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(97 + i % 26) for i in ids)
+
+    detok = IncrementalDetokenizer(Plain(), [1, 2])
+    assert detok._stream is None and detok.add(3) == "d"
