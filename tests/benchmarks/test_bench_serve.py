@@ -29,3 +29,15 @@ def test_bench_serve_vs_offline_tiny():
                                           "--loop asyncio"])
     level = result["--loop asyncio"]["2"]
     assert level["requests"] == 2 and level["offline_tok_per_s"] > 0 and level["served_vs_offline"] > 0
+
+
+def test_bench_serve_vs_offline_on_a_random_llama():
+    """--random-llama (what the GPU runs use, 8B there) at its tiny shape: the model is written, its vocabulary read
+    from config.json, both engines take the --dtype."""
+    import bench_serve_vs_offline
+
+    result = bench_serve_vs_offline.main(["--random-llama", "tiny", "--clients", "2", "--prompt-tokens", "8",
+                                          "--output-tokens", "3", "--requests", "2", "--guidellm", "", "--dtype",
+                                          "float32"])
+    level = result["(defaults)"]["2"]
+    assert result["model"] == "tiny" and level["requests"] == 2 and level["served_vs_offline"] > 0
