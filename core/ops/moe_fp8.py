@@ -43,6 +43,15 @@ def is_block_scale(scale: torch.Tensor, rows: int, cols: int) -> bool:
             and tuple(scale.shape[1:]) not in ((1, 1), (rows, 1)))
 
 
+def block_scaled(w13_scale: torch.Tensor, w2_scale: torch.Tensor, two_i: int, hidden: int) -> bool | None:
+    """Whether the experts' weight scales are 128x128 blocks (True), per tensor or channel (False), or a mix of the
+    two (None). w13's scale decides: a w2 of at most 128x128 has a block scale of shape [E, 1, 1], which reads as per
+    tensor too (the same scaling, and its one group a row is the row)."""
+    if is_block_scale(w13_scale, two_i, hidden):
+        return True if tuple(w2_scale.shape) == block_shape(w13_scale.shape[0], hidden, two_i // 2) else None
+    return None if is_block_scale(w2_scale, hidden, two_i // 2) else False
+
+
 def _check_scale(scale, n_exp: int, rows: int, cols: int, what: str) -> None:
     if not isinstance(scale, torch.Tensor) or scale.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"{what} must be a float32 tensor, got {getattr(scale, 'dtype', type(scale))}")
@@ -65,12 +74,7 @@ def _check_fp8(x, w13_q, w13_scale, w2_q, w2_scale, router_logits, top_k):
     n_exp, two_i, hidden = w13_q.shape
     _check_scale(w13_scale, n_exp, two_i, hidden, "w13_scale")
     _check_scale(w2_scale, n_exp, hidden, two_i // 2, "w2_scale")
-    # w13's scale decides (block scales: activations per 1x128 group); a w2 of at most 128x128 has a block scale of
-    # shape [E, 1, 1], which reads as per tensor too (the same scaling, and its one group a row is the row).
-    w13_block = is_block_scale(w13_scale, two_i, hidden)
-    w2_block = (tuple(w2_scale.shape) == block_shape(n_exp, hidden, two_i // 2) if w13_block
-                else is_block_scale(w2_scale, hidden, two_i // 2))
-    if w13_block != w2_block:
+    if block_scaled(w13_scale, w2_scale, two_i, hidden) is None:
         raise ValueError("w13_scale and w2_scale must both be 128x128 block scales or neither: the activations are "
                          "quantized per 1x128 group for block weights, per token otherwise")
 

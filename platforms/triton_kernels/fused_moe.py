@@ -50,7 +50,7 @@ import triton.language as tl
 from engine.core.ops.fp8 import fp8_max
 from engine.core.ops.gguf_quant import ALL_QTYPES
 from engine.core.ops.moe import fused_moe, kernel_shape_problem
-from engine.core.ops.moe_fp8 import block_shape, fused_moe_fp8, is_block_scale
+from engine.core.ops.moe_fp8 import block_scaled, fused_moe_fp8, is_block_scale
 
 from . import interpreting, sm_count
 from .fp4_values import nvfp4_values
@@ -699,9 +699,10 @@ def make_supports(device_type: str, capability: tuple[int, int] | None = None):
         for name, s in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
             if not isinstance(s, torch.Tensor) or s.device.type != device_type or s.dtype != torch.float32:
                 return f"{name} must be a float32 tensor on the {device_type} device"
-        if is_block_scale(w13_scale, two_i, h):  # w13's scale decides (moe_fp8._check_fp8)
-            if tuple(w2_scale.shape) != block_shape(e, h, two_i // 2):
-                return f"w13_scale holds 128x128 blocks, so w2_scale must too: {list(block_shape(e, h, two_i // 2))}"
+        block = block_scaled(w13_scale, w2_scale, two_i, h)
+        if block is None:
+            return "w13_scale and w2_scale must both be 128x128 block scales or neither"
+        if block:
             if h % BLOCK_SCALE_K or two_i // 2 % BLOCK_SCALE_K:
                 return f"block scales with hidden {h}, I {two_i // 2}: the kernel takes whole 128-wide blocks"
             if not (w13_scale.is_contiguous() and w2_scale.is_contiguous()):
