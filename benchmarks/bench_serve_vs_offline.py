@@ -60,7 +60,9 @@ def offline(llm_kwargs: dict, prompts: list[list[int]], output_tokens: int, clie
 
 
 def token_prompts(vocab: int, n: int, length: int, rng: random.Random) -> list[list[int]]:
-    return [[rng.randrange(1000, vocab) for _ in range(length)] for _ in range(n)]
+    """Random ids above the low ones (where special tokens live)."""
+    low = min(1000, vocab // 4)
+    return [[rng.randrange(low, vocab) for _ in range(length)] for _ in range(n)]
 
 
 def guidellm_level(exe: str, port: int, tokenizer_dir: str, clients: int, requests: int, prompt_tokens: int,
@@ -105,21 +107,15 @@ def export_tokenizer(model: str | None) -> str:
 
 @contextlib.contextmanager
 def random_model(shape: str | None, dtype: str):
-    """A random-weight Llama of ``shape`` (one of RANDOM_SHAPES) in a temporary folder, or None."""
+    """bench_gpu's random-weight Llama (``shape`` "tiny" or "8b"; written on the GPU when there is one), or None."""
     if shape is None:
         yield None
         return
-    from engine.core.testing import random_model as rm
+    from bench_gpu import random_llama
 
-    dims = {"8b": rm.LLAMA_8B, "1b": rm.LLAMA_1B, "tiny": TINY_LLAMA}[shape]
-    with tempfile.TemporaryDirectory(prefix="engine-serve-bench-") as d:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        yield str(rm.write_random_llama(os.path.join(d, "model"), **dims, max_position=4096,
-                                        dtype=getattr(torch, dtype), device=device))
-
-
-RANDOM_SHAPES = ("tiny", "1b", "8b")
-TINY_LLAMA = dict(vocab_size=2048, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with random_llama(shape == "tiny", getattr(torch, dtype), device) as (path, _):
+        yield str(path)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -133,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--client-procs", type=int, default=1,
                     help="built-in load generator: spread the clients over this many processes")
     ap.add_argument("--model")
-    ap.add_argument("--random-llama", choices=RANDOM_SHAPES,
+    ap.add_argument("--random-llama", choices=("tiny", "8b"),
                     help="serve a random-weight Llama of this shape (written on the GPU when there is one)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--gpu-memory-utilization", type=float, default=None,
