@@ -8,7 +8,7 @@ emitted token (``read_offset``) and once including the new tokens, both starting
 character are still incomplete and nothing is emitted.
 
 Where the tokenizer is a ``tokenizers.Tokenizer`` (or wraps one as ``.raw``) and the library has ``DecodeStream``
-(tokenizers >= 0.21; the prompt context as its first ids), the same algorithm runs there, in one call per token
+(with the prompt context as its first ids: tokenizers >= 0.22), the same algorithm runs there, in one call per token
 instead of two decodes from Python: a decode step's host work grows with the batch, and on a GPU it is what a small
 model waits for. Both paths give the same text (tests/core/engine/test_detokenizer.py runs every case on each).
 """
@@ -18,11 +18,6 @@ from __future__ import annotations
 from typing import Protocol
 
 import tokenizers
-
-try:
-    from tokenizers.decoders import DecodeStream
-except ImportError:  # tokenizers < 0.21
-    DecodeStream = None
 
 
 class Decoder(Protocol):
@@ -48,7 +43,7 @@ class IncrementalDetokenizer:
         self._stream = None
         # A context that ends inside a character (a prompt given as token ids may) makes DecodeStream's first step
         # return the context's text too: such a sequence keeps the window (one decode here decides).
-        if stream and _STREAM_TAKES_IDS and isinstance(raw, tokenizers.Tokenizer) and (
+        if stream and DecodeStream is not None and isinstance(raw, tokenizers.Tokenizer) and (
                 not self._decode(self._ids).endswith("\ufffd")):
             self._raw, self._vocab = raw, raw.get_vocab_size(with_added_tokens=True)
             self._stream = DecodeStream(ids=self._ids, skip_special_tokens=skip_special_tokens)
@@ -91,15 +86,15 @@ class IncrementalDetokenizer:
         return delta
 
 
-def _stream_takes_ids() -> bool:
-    """DecodeStream, with the ``ids`` (the context to start from) that tokenizers 0.22 added."""
-    if DecodeStream is None:
-        return False
+def _decode_stream():
+    """tokenizers' DecodeStream if it takes a context to start from (``ids``, tokenizers >= 0.22), else None."""
     try:
+        from tokenizers.decoders import DecodeStream
+
         DecodeStream(ids=[], skip_special_tokens=True)
-    except TypeError:
-        return False
-    return True
+    except (ImportError, TypeError):
+        return None
+    return DecodeStream
 
 
-_STREAM_TAKES_IDS = _stream_takes_ids()
+DecodeStream = _decode_stream()
