@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import torch
 
-from engine.core.models.weights import Fp8Weight, Nvfp4Weight, QuantizedWeight, weight_bytes
+from engine.core.models.weights import Fp8Weight, Int4Weight, Nvfp4Weight, QuantizedWeight, weight_bytes
 
 from .checkpoint import load_checkpoint
 
@@ -27,6 +27,10 @@ def _kind(w) -> str:
         return f"FP8 {w.q.dtype} per {w.granularity}, {acts}"
     if isinstance(w, Nvfp4Weight):
         return "NVFP4 (e2m1, e4m3 scales per 16)"
+    if isinstance(w, Int4Weight):
+        zero = "zero points" if w.zero is not None else "symmetric"
+        return (f"INT4 groups of {w.group_size}, {str(w.scale.dtype).removeprefix('torch.')} scales, {zero} "
+                "(int4_linear; GGUF Q4 blocks where the platform has no int4_linear kernel)")
     return f"{str(w.dtype).removeprefix('torch.')} (unquantized)"
 
 

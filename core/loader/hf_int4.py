@@ -1,12 +1,10 @@
-"""GPTQ, AWQ and compressed-tensors W4A16 4-bit checkpoints, repacked at load into the GGUF blocks the platforms
-already run (Q4_0, Q4_1).
+"""GPTQ, AWQ and compressed-tensors W4A16 4-bit checkpoints, unpacked at load into one layout: :class:`Int4Weight`
+(codes two a byte along k, the group scales as stored, zero points where they are not all 8).
 
-A 4-bit group-quantized weight is ``W[n, k] = (q[n, k] - z[g, n]) * s[g, n]`` with ``g = k // group_size``. A GGUF
-block holds 32 consecutive k of one row with one scale (Q4_0: ``(q - 8) * d``; Q4_1: ``q * d + m``), so any group
-size that is a multiple of 32 (or one group per row) becomes blocks with the group's scale repeated: symmetric
-checkpoints (every zero 8, GPTQ's usual ``sym: true``) as Q4_0, exactly; others as Q4_1 with ``m = -z * s`` rounded
-to fp16 (as the GPU kernels that read these checkpoints round ``(q - z) * s``). The matrices then run on the GGUF
-kernels: the native CPU ones and the Triton ones on GPUs.
+A 4-bit group-quantized weight is ``W[n, k] = (q[n, k] - z[g, n]) * s[g, n]`` with ``g = k // group_size``. Platforms
+with an ``int4_linear`` kernel (the GPUs' Triton one) run it as it is; elsewhere the model turns it into GGUF Q4_0 /
+Q4_1 blocks at load (``weights.int4_as_gguf``), which the native CPU kernels run. MoE experts always become GGUF blocks
+(``fused_moe_gguf``).
 
 Layouts, as the quantizers write them:
 - GPTQ (AutoGPTQ / GPTQModel, ``checkpoint_format`` "gptq"): ``qweight`` int32 [K/8, N] (8 nibbles along k, low
@@ -23,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.models.weights import QuantizedWeight
-from engine.core.ops.gguf_quant import BLOCK, Q4_0, Q4_1
+from engine.core.models.weights import Int4Weight
+from engine.core.ops.int4 import ALIGN, pack_codes
 
 from .errors import ModelLoadError
 
@@ -43,7 +41,7 @@ class Int4Scheme:
         self.description = description
 
     def keeps(self, name: str, t: torch.Tensor) -> bool:
-        return name.endswith((".scales", ".weight_scale"))  # stay as written: GGUF blocks store fp16 scales too
+        return name.endswith((".scales", ".weight_scale"))  # group scales stay as written (fp16 or bf16)
 
     def pack(self, weights: dict[str, torch.Tensor], source: str) -> dict:
         if self.method == "compressed-tensors":
@@ -83,34 +81,23 @@ class Int4Scheme:
             z = nibbles(qzeros).reshape(qzeros.shape[0], -1, 8)[..., perm].reshape(qzeros.shape[0], -1)
         n, k = q.shape
         group = k if self.group_size == -1 else self.group_size
-        if scales.dtype == torch.bfloat16 and not bool(((scales.float().abs() < 65504) &
-                                                        (scales.float().abs() >= 2**-14)).all()):
-            raise ModelLoadError(f"{source}: {base} has bf16 scales outside fp16's normal range; GGUF blocks hold "
-                                 "fp16 scales")
         if tuple(scales.shape) != (-(-k // group), n) or tuple(z.shape) != tuple(scales.shape):
             raise ModelLoadError(f"{source}: {base}scales {list(scales.shape)} / qzeros do not fit a [{n}, {k}] "
                                  f"weight in groups of {group}")
-        if k % BLOCK or group % BLOCK:
+        if k % ALIGN or group % ALIGN:
             raise ModelLoadError(f"{source}: {base}weight has K={k} and groups of {group}; both must be multiples of "
-                                 f"{BLOCK} to run as GGUF 4-bit blocks")
+                                 f"{ALIGN} (every published 4-bit layout is)")
         if g_idx is not None and not torch.equal(g_idx.to(torch.int64), torch.arange(k) // group):
             raise ModelLoadError(f"{source}: {base}g_idx reorders the input columns (an act-order / desc_act GPTQ "
                                  "checkpoint), which is not supported yet; use a checkpoint quantized without "
                                  "desc_act")
         z = (z + self.zero_offset).t()  # [N, G]
-        s = scales.to(torch.float16).t()  # [N, G]
-        per_block = group // BLOCK
-        d = s.repeat_interleave(per_block, dim=1)[:, :k // BLOCK]  # [N, K / 32] (a last group may be partial)
-        vals = q.to(torch.uint8).reshape(n, k // BLOCK, BLOCK)
-        qs = vals[..., :16] | (vals[..., 16:] << 4)
-        if bool((z == 8).all()):
-            raw = torch.cat([d[..., None].view(torch.uint8), qs], dim=-1)
-            qtype = Q4_0
-        else:
-            m = (-(z.float() * s.float())).to(torch.float16).repeat_interleave(per_block, dim=1)[:, :k // BLOCK]
-            raw = torch.cat([d[..., None].view(torch.uint8), m[..., None].view(torch.uint8), qs], dim=-1)
-            qtype = Q4_1
-        return QuantizedWeight(raw.reshape(n, -1).contiguous(), qtype, n, k)
+        if bool(((z < 0) | (z > 15)).any()):
+            raise ModelLoadError(f"{source}: {base}qzeros hold zero points outside 0..15 (with the "
+                                 f"{self.method} offset {self.zero_offset}); the checkpoint does not follow its "
+                                 "quantization_config")
+        zero = None if bool((z == 8).all()) else z.to(torch.uint8).contiguous()
+        return Int4Weight(pack_codes(q), scales.t().contiguous(), zero, group)
 
 
 def int4_scheme(qc: dict, source: str) -> Int4Scheme:
@@ -118,8 +105,8 @@ def int4_scheme(qc: dict, source: str) -> Int4Scheme:
     bits, group = qc.get("bits", qc.get("w_bit")), qc.get("group_size", qc.get("q_group_size"))
     if bits != 4:
         raise ModelLoadError(f"{source}: {method} with {bits}-bit weights is not supported (4-bit is)")
-    if not isinstance(group, int) or (group != -1 and (group <= 0 or group % BLOCK)):
-        raise ModelLoadError(f"{source}: {method} group_size {group!r}: a multiple of {BLOCK} or -1 is supported")
+    if not isinstance(group, int) or (group != -1 and (group <= 0 or group % ALIGN)):
+        raise ModelLoadError(f"{source}: {method} group_size {group!r}: a multiple of {ALIGN} or -1 is supported")
     if method == "gptq":
         fmt = qc.get("checkpoint_format", "gptq")
         if fmt not in ("gptq", "gptq_v2"):
@@ -147,11 +134,11 @@ def compressed_tensors_int4_scheme(groups: list[dict], source: str) -> Int4Schem
             raise ModelLoadError(f"{source}: asymmetric compressed-tensors INT4 (zero points) is not supported yet")
         if w.get("strategy") == "channel":
             sizes.add(-1)
-        elif w.get("strategy") == "group" and isinstance(w.get("group_size"), int) and w["group_size"] % BLOCK == 0:
+        elif w.get("strategy") == "group" and isinstance(w.get("group_size"), int) and w["group_size"] % ALIGN == 0:
             sizes.add(w["group_size"])
         else:
             raise ModelLoadError(f"{source}: compressed-tensors INT4 strategy {w.get('strategy')!r} group_size "
-                                 f"{w.get('group_size')!r}: groups of a multiple of {BLOCK}, or channel, are read")
+                                 f"{w.get('group_size')!r}: groups of a multiple of {ALIGN}, or channel, are read")
     if len(sizes) != 1:
         raise ModelLoadError(f"{source}: compressed-tensors groups use different group sizes {sorted(sizes)}")
     size = sizes.pop()

@@ -8,7 +8,15 @@ import re
 
 import torch
 
-from engine.core.models.weights import Fp8Weight, Nvfp4Weight, QuantizedWeight, dense_weight, weight_bytes
+from engine.core.models.weights import (
+    Fp8Weight,
+    Int4Weight,
+    Nvfp4Weight,
+    QuantizedWeight,
+    dense_weight,
+    int4_as_gguf,
+    weight_bytes,
+)
 from engine.core.ops.fp8 import BLOCK_K
 
 from .errors import ModelLoadError
@@ -48,8 +56,12 @@ def load_hf(model_dir: str, dtype: torch.dtype):
 def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dtype) -> dict:
     """The quantized checkpoint's weights with each quantized matrix as one object, said at INFO level."""
     weights = scheme.pack(weights, model_dir)
-    quantized = {n: w for n, w in weights.items() if isinstance(w, (Fp8Weight, Nvfp4Weight, QuantizedWeight))}
+    quantized = {n: w for n, w in weights.items()
+                 if isinstance(w, (Fp8Weight, Nvfp4Weight, QuantizedWeight, Int4Weight))}
     experts = [n for n in quantized if ".experts." in n]
+    for n in experts:  # 4-bit experts run fused_moe_gguf, on GGUF blocks
+        if isinstance(quantized[n], Int4Weight):
+            quantized[n] = weights[n] = _as_gguf(quantized[n], n, model_dir)
     _expand_experts(weights, quantized, experts, dtype, model_dir)
     if "model.embed_tokens.weight" in quantized:
         raise ModelLoadError(f"{model_dir}: a quantized embedding table is not supported")
@@ -57,6 +69,13 @@ def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dty
              "(embeddings, norms, unquantized layers) in %s", model_dir, method, len(quantized), scheme.description,
              sum(weight_bytes(w) for w in quantized.values()) / 2**20, str(dtype).removeprefix("torch."))
     return weights
+
+
+def _as_gguf(w: Int4Weight, name: str, model_dir: str) -> QuantizedWeight:
+    try:
+        return int4_as_gguf(w)
+    except ValueError as exc:
+        raise ModelLoadError(f"{model_dir}: {name}: {exc}") from exc
 
 
 def _expand_reason(w) -> str | None:

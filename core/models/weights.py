@@ -66,7 +66,62 @@ class Nvfp4Weight:
         return (self.packed.shape[0], self.packed.shape[1] * 2)
 
 
-Weight = torch.Tensor | QuantizedWeight | Fp8Weight | Nvfp4Weight
+@dataclass
+class Int4Weight:
+    """A [rows, cols] matrix kept as GPTQ / AWQ / compressed-tensors 4-bit codes with group scales, used through
+    ops.int4_linear (layout in core/ops/int4.py: ``packed`` uint8 [rows, cols/2], ``scale`` [rows, G], ``zero``
+    uint8 [rows, G] or None for symmetric weights). On platforms with no int4_linear kernel the model turns it into
+    GGUF Q4_0 / Q4_1 blocks at load (:func:`int4_as_gguf`), which their native kernels run."""
+
+    packed: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.packed.shape[0], self.packed.shape[1] * 2)
+
+
+Weight = torch.Tensor | QuantizedWeight | Fp8Weight | Nvfp4Weight | Int4Weight
+
+
+def native_int4(weights: dict) -> dict:
+    """``weights`` with each Int4Weight as GGUF blocks where the active platform has no int4_linear kernel (the
+    CPU's native kernels read GGUF blocks); unchanged where it has one."""
+    from engine.core.ops.int4 import int4_linear
+    from engine.core.ops.registry import active_registry
+
+    if active_registry().implementations(int4_linear):
+        return weights
+    return {name: int4_as_gguf(w) if isinstance(w, Int4Weight) else w for name, w in weights.items()}
+
+
+def int4_as_gguf(w: Int4Weight) -> QuantizedWeight:
+    """The same matrix as GGUF blocks of 32 (each group's scale repeated over its blocks): symmetric weights (every
+    zero 8) as Q4_0, exactly; others as Q4_1 with ``m = -zero * scale`` rounded to fp16 (as the GPU kernels that
+    read these checkpoints round ``(q - z) * s``). Scales are stored as fp16 (GGUF's scale type)."""
+    from engine.core.ops.gguf_quant import BLOCK, Q4_0, Q4_1
+    from engine.core.ops.int4 import unpack_codes
+
+    n, k = w.shape
+    if w.scale.dtype != torch.float16 and not bool(((w.scale.float().abs() < 65504) &
+                                                    (w.scale.float().abs() >= 2**-14)).all()):
+        raise ValueError(f"{w.scale.dtype} group scales outside fp16's normal range cannot become GGUF blocks "
+                         "(fp16 scales); run this checkpoint on a platform with an int4_linear kernel")
+    per_block = w.group_size // BLOCK
+    s = w.scale.to(torch.float16)
+    d = s.repeat_interleave(per_block, dim=1)[:, :k // BLOCK]  # [N, K / 32] (a last group may be partial)
+    vals = unpack_codes(w.packed).reshape(n, k // BLOCK, BLOCK)
+    qs = vals[..., :16] | (vals[..., 16:] << 4)
+    if w.zero is None or bool((w.zero == 8).all()):
+        raw = torch.cat([d[..., None].view(torch.uint8), qs], dim=-1)
+        qtype = Q4_0
+    else:
+        m = (-(w.zero.float() * s.float())).to(torch.float16).repeat_interleave(per_block, dim=1)[:, :k // BLOCK]
+        raw = torch.cat([d[..., None].view(torch.uint8), m[..., None].view(torch.uint8), qs], dim=-1)
+        qtype = Q4_1
+    return QuantizedWeight(raw.reshape(n, -1).contiguous(), qtype, n, k)
 
 
 def to_device(w: Weight, device: torch.device) -> Weight:
@@ -83,6 +138,11 @@ def to_device(w: Weight, device: torch.device) -> Weight:
             return w
         return Nvfp4Weight(*(None if t is None else t.to(device) for t in (w.packed, w.block_scale, w.global_scale,
                                                                          w.input_global_scale)))
+    if isinstance(w, Int4Weight):
+        if w.packed.device == device:
+            return w
+        return dataclasses.replace(w, packed=w.packed.to(device), scale=w.scale.to(device),
+                                   zero=None if w.zero is None else w.zero.to(device))
     return w if w.device == device else w.to(device)
 
 
@@ -94,6 +154,8 @@ def weight_bytes(w: Weight) -> int:
         return w.q.nbytes + w.scale.nbytes + (0 if w.input_scale is None else w.input_scale.nbytes)
     if isinstance(w, Nvfp4Weight):
         return w.packed.nbytes + w.block_scale.nbytes + 8
+    if isinstance(w, Int4Weight):
+        return w.packed.nbytes + w.scale.nbytes + (0 if w.zero is None else w.zero.nbytes)
     return w.nbytes
 
 
@@ -112,6 +174,10 @@ def dense_weight(w: Weight, dtype: torch.dtype) -> torch.Tensor:
 
         scale = w.block_scale.float().repeat_interleave(16, dim=1) / w.global_scale.float().reshape(())
         return (e2m1_decode(unpack(w.packed)) * scale).to(dtype)
+    if isinstance(w, Int4Weight):
+        from engine.core.ops.int4 import dequantize_int4
+
+        return dequantize_int4(w.packed, w.scale, w.zero, w.group_size).to(dtype)
     if isinstance(w, QuantizedWeight):
         from engine.core.ops.gguf_quant import gguf_dequantize
 

@@ -32,6 +32,7 @@ KERNEL_MODULES = {
     "fp8_linear": ("fp8_linear", "fp8_quantize_per_token"),
     "fp8_gemv": ("fp8_linear",),
     "nvfp4": ("nvfp4_quantize", "nvfp4_linear", "nvfp4_linear_w4a4"),
+    "int4_linear": ("int4_linear",),
     "mla": ("mla_decode",),
 }
 

@@ -1,6 +1,8 @@
-"""GPTQ (v1 and v2 zero formats, symmetric and not) and AWQ 4-bit checkpoints, packed in the test as the quantizers
-write them from a random transformers model: they load as GGUF 4-bit blocks (Q4_0 when symmetric, else Q4_1) and the
-logits match transformers' forward pass on the dequantized weights, (q - z) * s."""
+"""GPTQ (v1 and v2 zero formats, symmetric and not), AWQ and compressed-tensors 4-bit checkpoints, packed in the test as
+the quantizers write them from a random transformers model: they load as Int4Weight; on the CPU platform (no
+int4_linear kernel) the model holds them as GGUF 4-bit blocks (Q4_0 when symmetric, else Q4_1), on a platform with an
+int4_linear kernel (the Triton one, under the interpreter here) as they are; either way the logits match
+transformers' forward pass on the dequantized weights, (q - z) * s."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ from safetensors.torch import load_file, save_file
 
 from engine import LLM
 from engine.core.loader import ModelLoadError
-from engine.core.models.weights import QuantizedWeight
+from engine.core.loader.checkpoint import load_checkpoint
+from engine.core.models.weights import Int4Weight, QuantizedWeight
 from engine.core.ops.gguf_quant import Q4_0, Q4_1
+from engine.platforms.cpu.platform import CpuPlatform
 from tests.core.loader.test_hf_fp8 import LINEARS, random_llama
 from tests.core.models.test_tiny_random_vs_hf import VOCAB
 
@@ -130,21 +134,54 @@ def add_quantization_config(path, layout: str) -> None:
     (path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
 
 
-def test_int4_checkpoints_run_as_gguf_blocks_and_match_transformers(checkpoint):
-    name, hf, path = checkpoint
-    llm = LLM(str(path), dtype="float32", num_kv_blocks=32, block_size=16)
-    layer = llm.model.layers[0]
-    w = layer.attn.o_proj.w
-    sym = LAYOUTS[name][2]
-    assert isinstance(w, QuantizedWeight) and w.qtype == (Q4_0 if sym else Q4_1) and w.shape == (256, 256), name
+class CpuWithTritonInt4(CpuPlatform):
+    """The cpu platform plus the Triton int4_linear kernel on CPU tensors (the Triton interpreter): a platform that
+    keeps 4-bit weights as they are, as the GPU ones do."""
+
+    name = "cpu_triton_int4"
+
+    def register_kernels(self, registry) -> None:
+        super().register_kernels(registry)
+        from engine.platforms.triton_kernels import int4_linear
+
+        int4_linear.register(registry, "cpu")
+
+
+def _logits_against_transformers(llm, hf, name, tol):
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
     ids = torch.randint(0, VOCAB, (29,), generator=gen).tolist()
     ours = llm.prompt_logits(ids).cpu()
     with torch.no_grad():
         theirs = hf(torch.tensor([ids])).logits[0].float()
-    # symmetric: the same numbers (Q4_0 is (q - 8) * s exactly); else Q4_1's offset m = -z * s is rounded to fp16
-    tol = 1e-4 if sym else 2e-3
     torch.testing.assert_close(ours, theirs, atol=tol, rtol=tol, msg=lambda m: f"{name}: {m}")
+
+
+def test_int4_checkpoints_run_as_gguf_blocks_and_match_transformers(checkpoint):
+    name, hf, path = checkpoint
+    loaded = load_checkpoint(str(path), dtype=torch.float32).weights["model.layers.0.self_attn.o_proj.weight"]
+    assert isinstance(loaded, Int4Weight) and loaded.shape == (256, 256), name
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=32, block_size=16)
+    layer = llm.model.layers[0]
+    w = layer.attn.o_proj.w
+    sym = LAYOUTS[name][2]
+    assert isinstance(w, QuantizedWeight) and w.qtype == (Q4_0 if sym else Q4_1) and w.shape == (256, 256), name
+    # symmetric: the same numbers (Q4_0 is (q - 8) * s exactly); else Q4_1's offset m = -z * s is rounded to fp16
+    _logits_against_transformers(llm, hf, name, 1e-4 if sym else 2e-3)
+
+
+@pytest.mark.parametrize("layout", ["gptq_asym_g32", "awq_g128", "ct_w4a16_channel", "gptq_sym_g128"])
+def test_int4_checkpoints_stay_4bit_where_the_platform_has_int4_linear(layout, tmp_path):
+    pytest.importorskip("triton")
+    hf = write_checkpoint(layout, tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32", num_kv_blocks=32, block_size=16, platform=CpuWithTritonInt4())
+    from engine.platforms.triton_kernels.int4_linear import int4_linear_triton
+
+    layer = llm.model.layers[0]
+    assert isinstance(layer.attn.o_proj.w, Int4Weight)
+    # (q - z) * s exactly as transformers has it, asymmetric too (no fp16 offset as in Q4_1)
+    _logits_against_transformers(llm, hf, layout, 1e-4)
+    chosen = layer.attn.o_proj.site.chosen()
+    assert chosen and all(f is int4_linear_triton for f in chosen.values()), chosen
 
 
 def test_act_order_and_other_layouts_are_refused(tmp_path):

@@ -1,0 +1,291 @@
+"""``int4_linear`` in Triton: GPTQ / AWQ 4-bit weights (core/ops/int4.py's layout) multiplied without expanding them.
+
+* M <= GEMV_MAX_M (decode): a GEMV on CUDA cores with the NVFP4 GEMV's tile (nvfp4.py): the K axis in units of 16
+  codes spread over the lanes, one 8-byte load per row and unit, the rows inside each thread so every x value is
+  loaded once for all of them. A code becomes fp32 by the exponent trick (``code | 0x4B000000`` is 2**23 + code,
+  exactly), minus 2**23 + zero: the integer ``code - zero``, exact; unit sums are scaled once by their group's
+  scale. The GGUF Q4 blocks the CPU runs are 18 or 20 bytes, read as 16-bit words; here every load is 8 bytes.
+* larger M: tensor cores, "swap AB" (the weight tile [BLOCK_N, K step] is the left operand, x^T the right one): the
+  eight nibble planes of a step's words become ``(code - zero) * scale`` rounded to x's dtype (the op's 16-bit
+  tolerance allows it), put back in K order, fp32 accumulation; fp32 x takes an IEEE fp32 dot.
+K is split (fp32 partials, one reduction launch) while N alone leaves SMs idle.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.core.ops.int4 import ALIGN, check_int4, int4_linear
+from engine.platforms.triton_kernels import interpreting, sm_count
+from engine.platforms.triton_kernels.nvfp4 import (
+    _gemv_block,
+    _gemv_store,
+    _k_order,
+    gemv_plan,
+    split_plan,
+    splitk_reduce,
+)
+
+X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+PRIORITY = 10
+UNIT = 16  # codes per 8-byte load of the GEMV
+GEMV_MAX_M = 4
+GEMV_BLOCK_N = 4  # rows of W per GEMV program (M = 1), units per loop step, warps: the NVFP4 GEMV's tile
+GEMV_BLOCK_B = 128
+GEMV_WARPS = 4
+GEMV_MR_BLOCK_N = 4  # M = 2..4
+GEMV_MR_BLOCK_B = 64
+GEMV_MR_WARPS = 2
+GEMV_STAGES = 2
+PROGRAMS_PER_SM = 8
+MIN_SPLIT_BLOCK_B = 32
+DOT_PROGRAMS_PER_SM = 4
+INTERPRETER_SMS = 4  # a small fake SM count under the interpreter, so the split-K paths run in CI
+
+
+@triton.jit
+def _minus(w, SHIFT: tl.constexpr, c):
+    """fp32 ``code - zero`` of the nibble at SHIFT of int32 words ``w``, where ``c`` is 2**23 + zero."""
+    return (((w >> SHIFT) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - c
+
+
+@triton.jit
+def _planes(w, c):
+    """int32 words of 8 codes (element e at bits 4e) -> the 8 planes ``code - zero`` (fp32, exact)."""
+    return (_minus(w, 0, c), _minus(w, 4, c), _minus(w, 8, c), _minus(w, 12, c), _minus(w, 16, c),
+            _minus(w, 20, c), _minus(w, 24, c), _minus(w, 28, c))
+
+
+@triton.jit
+def _group_params(s_rows, z_rows, g, mask, HAS_ZERO: tl.constexpr):
+    """(fp32 scale, fp32 2**23 + zero) of groups ``g``."""
+    if mask is None:
+        s = tl.load(s_rows + g).to(tl.float32)
+    else:
+        s = tl.load(s_rows + g, mask=mask, other=0).to(tl.float32)
+    if HAS_ZERO:
+        if mask is None:
+            z = tl.load(z_rows + g).to(tl.float32) + 8388608.0
+        else:
+            z = tl.load(z_rows + g, mask=mask, other=0).to(tl.float32) + 8388608.0
+    else:
+        z = 8388616.0
+    return s, z
+
+
+@triton.jit(do_not_specialize=["ZERO"])
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, NB, UPG, stride_xm, stride_wn,
+                 stride_sn, stride_zn, stride_om, blocks_per_split, ZERO, HAS_ZERO: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_B: tl.constexpr, EVEN: tl.constexpr):
+    """CUDA-core GEMV for up to 4 rows of x over int64 words (16 codes each) [N, NB]. Tile [BLOCK_B units, BLOCK_N
+    rows]; UPG is units per group. Program (pid_n, pid_k) covers rows pid_n * BLOCK_N .. and units pid_k *
+    blocks_per_split ..; with SPLIT, fp32 partials go to part_ptr [splits, M, N]. EVEN: no load needs a mask. ZERO
+    is 0: added to the unit index it keeps Triton from reordering the tile's layout (see nvfp4._gemv_kernel)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    rows64 = rows.to(tl.int64)
+    w_rows = w_ptr + rows64[None, :] * stride_wn
+    s_rows = s_ptr + rows64[None, :] * stride_sn
+    z_rows = z_ptr + rows64[None, :] * stride_zn
+    b_start = pid_k * blocks_per_split
+    b_end = tl.minimum(b_start + blocks_per_split, NB)
+    acc0 = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    x1_row = x_ptr + tl.minimum(1, M - 1) * stride_xm  # rows past M read row M - 1 again; never stored
+    x2_row = x_ptr + tl.minimum(2, M - 1) * stride_xm
+    x3_row = x_ptr + tl.minimum(3, M - 1) * stride_xm
+    bb = tl.arange(0, BLOCK_B)[:, None] + ZERO
+    for k0 in range(b_start, b_end, BLOCK_B):
+        blks = k0 + bb
+        g = blks // UPG
+        if EVEN:
+            bmask = None
+            w = tl.load(w_rows + blks)
+            s, c = _group_params(s_rows, z_rows, g, None, HAS_ZERO)
+        else:
+            bmask = blks < b_end
+            m2 = bmask & rmask[None, :]
+            w = tl.load(w_rows + blks, mask=m2, other=0)
+            s, c = _group_params(s_rows, z_rows, g, m2, HAS_ZERO)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _planes(w.to(tl.int32), c)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _planes((w >> 32).to(tl.int32), c)
+        acc0 += _gemv_block(x_ptr, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7) * s
+        if BLOCK_M > 1:
+            acc1 += _gemv_block(x1_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7,
+                                b0, b1, b2, b3, b4, b5, b6, b7) * s
+        if BLOCK_M > 2:
+            acc2 += _gemv_block(x2_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7,
+                                b0, b1, b2, b3, b4, b5, b6, b7) * s
+            acc3 += _gemv_block(x3_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7,
+                                b0, b1, b2, b3, b4, b5, b6, b7) * s
+    _gemv_store(acc0, 0, 1.0, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
+    if BLOCK_M > 1:
+        _gemv_store(acc1, 1, 1.0, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
+    if BLOCK_M > 2:
+        _gemv_store(acc2, 2, 1.0, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
+        _gemv_store(acc3, 3, 1.0, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, KW, WPG, stride_xm, stride_wn,
+                stride_sn, stride_zn, stride_om, words_per_split, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
+                SPLIT: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_T: tl.constexpr):
+    """Tensor cores, swap AB: out^T [BLOCK_N, BLOCK_M] += W [BLOCK_N, 8 BLOCK_T] @ x^T over int32 words (8 codes
+    each) [N, KW]; WPG is words per group. Program (pid_n, pid_m, pid_k) covers words pid_k * words_per_split ..;
+    with SPLIT, fp32 partials go to part_ptr [splits, M, N]."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tt = tl.arange(0, BLOCK_T)
+    rmask = rows < N
+    mmask = ms < M
+    rows64 = rows.to(tl.int64)
+    w_rows = w_ptr + rows64[:, None] * stride_wn
+    s_rows = s_ptr + rows64[:, None] * stride_sn
+    z_rows = z_ptr + rows64[:, None] * stride_zn
+    x_cols = x_ptr + ms.to(tl.int64)[None, :] * stride_xm
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    t_start = pid_k * words_per_split
+    t_end = tl.minimum(t_start + words_per_split, KW)
+    for k0w in range(t_start, t_end, BLOCK_T):
+        t = k0w + tt
+        m2 = rmask[:, None] & (t < t_end)[None, :]
+        w = tl.load(w_rows + t[None, :], mask=m2, other=0)
+        s, c = _group_params(s_rows, z_rows, (t // WPG)[None, :], m2, HAS_ZERO)
+        v0, v1, v2, v3, v4, v5, v6, v7 = _planes(w, c)
+        a = _k_order(v0 * s, v1 * s, v2 * s, v3 * s, v4 * s, v5 * s, v6 * s, v7 * s)  # [BN, 8T] in K order
+        kk = k0w * 8 + tl.arange(0, 8 * BLOCK_T)
+        xt = tl.load(x_cols + kk[:, None], mask=(kk < t_end * 8)[:, None] & mmask[None, :], other=0.0)
+        if INTERPRET:  # the interpreter's 16-bit dot is wrong; fp32 tiles (of the rounded values) are right
+            acc = tl.dot(a.to(DT).to(tl.float32), xt.to(tl.float32), acc)
+        elif DT == tl.float32:
+            acc = tl.dot(a, xt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(DT), xt, acc)
+    omask = rmask[:, None] & mmask[None, :]
+    if SPLIT:
+        tl.store(part_ptr + (pid_k * M + ms.to(tl.int64))[None, :] * N + rows[:, None], acc, mask=omask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + ms.to(tl.int64)[None, :] * stride_om + rows[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=omask)
+
+
+def gemv_config(n: int, m: int, sms: int) -> tuple[int, int, int, int]:
+    """(block_n, block_b, num_warps, programs_per_sm) of the GEMV for N rows of W and M rows of x."""
+    if m > 1:
+        return GEMV_MR_BLOCK_N, GEMV_MR_BLOCK_B, GEMV_MR_WARPS, PROGRAMS_PER_SM
+    block_n = GEMV_BLOCK_N
+    while block_n > 2 and triton.cdiv(n, block_n) < PROGRAMS_PER_SM * sms // 2:
+        block_n //= 2
+    return block_n, GEMV_BLOCK_B, GEMV_WARPS, PROGRAMS_PER_SM // 2
+
+
+def dot_config(m: int, dtype: torch.dtype) -> dict:
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
+    if dtype == torch.float32:
+        return dict(block_m=min(block_m, 64), block_n=64, block_t=8, num_warps=8, num_stages=2)
+    return dict(block_m=block_m, block_n=128 if block_m >= 64 else 64, block_t=16, num_warps=8 if block_m >= 64 else 4,
+                num_stages=3)
+
+
+def _aligned(t: torch.Tensor, alignment: int) -> torch.Tensor:
+    return t if t.data_ptr() % alignment == 0 else t.clone()
+
+
+def int4_linear_triton(x, w_packed, w_scale, w_zero, group_size, bias=None, *, kernel: str | None = None,
+                       config: dict | None = None):
+    """int4_linear: out [M, N] = x @ dequant(w)^T (+ bias) in x.dtype. ``kernel`` ("gemv" or "dot") and ``config``
+    (block sizes, warps, stages, splits) override the heuristics for the benchmark's sweep."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    n = w_packed.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    has_zero, has_bias = w_zero is not None, bias is not None
+    zero = w_zero if has_zero else w_packed  # any pointer; not read
+    bias_arg = bias if has_bias else w_scale
+    cfg = dict(config or {})
+    sms = cfg.get("sms", sm_count(x.device, INTERPRETER_SMS))
+    kernel = kernel or ("gemv" if m <= GEMV_MAX_M else "dot")
+    if kernel == "gemv":
+        if m > GEMV_MAX_M:
+            raise ValueError(f"the GEMV kernel takes at most {GEMV_MAX_M} rows of x, got {m}")
+        words = _aligned(w_packed, 8).view(torch.int64)  # [N, K/16]: rows are K/2 bytes, K % 32 == 0
+        nb = k // UNIT
+        block_n, block_b, warps, per_sm = gemv_config(n, m, sms)
+        block_n = cfg.get("block_n", block_n)
+        block_b, splits, per_split = gemv_plan(n, nb, sms, block_n, cfg.get("block_b", block_b), per_sm,
+                                               MIN_SPLIT_BLOCK_B, splits=cfg.get("splits"))
+        part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+        if x.element_size() == 2 and (x.data_ptr() % 8 or (m > 1 and x.stride(0) % 4)):
+            x = x.clone(memory_format=torch.contiguous_format)  # the kernel reads 16-bit x as 8-byte words
+        _gemv_kernel[(triton.cdiv(n, block_n), splits)](
+            x, words, w_scale, zero, bias_arg, out, part, m, n, nb, group_size // UNIT, x.stride(0), words.stride(0),
+            w_scale.stride(0), zero.stride(0), out.stride(0), per_split, 0, HAS_ZERO=has_zero, HAS_BIAS=has_bias,
+            SPLIT=splits > 1, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_B=block_b,
+            EVEN=n % block_n == 0 and nb % per_split == 0, num_warps=cfg.get("num_warps", warps),
+            num_stages=cfg.get("num_stages", GEMV_STAGES))
+        return splitk_reduce(part, bias, out) if splits > 1 else out
+    words = _aligned(w_packed, 4).view(torch.int32)  # [N, K/8]
+    kw = k // 8
+    dc = dot_config(m, x.dtype)
+    dc.update(cfg)
+    programs = triton.cdiv(n, dc["block_n"]) * triton.cdiv(m, dc["block_m"])
+    splits, per_split = split_plan(programs, triton.cdiv(kw, dc["block_t"]), dc["block_t"], sms, DOT_PROGRAMS_PER_SM)
+    if "splits" in cfg:
+        steps = triton.cdiv(kw, dc["block_t"])
+        per_split = triton.cdiv(steps, max(1, min(cfg["splits"], steps))) * dc["block_t"]
+        splits = triton.cdiv(kw, per_split)
+    part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    _dot_kernel[(triton.cdiv(n, dc["block_n"]), triton.cdiv(m, dc["block_m"]), splits)](
+        x, words, w_scale, zero, bias_arg, out, part, m, n, kw, group_size // 8, x.stride(0), words.stride(0),
+        w_scale.stride(0), zero.stride(0), out.stride(0), per_split, HAS_ZERO=has_zero, HAS_BIAS=has_bias,
+        SPLIT=splits > 1, INTERPRET=interpreting(), BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"],
+        BLOCK_T=dc["block_t"], num_warps=dc["num_warps"], num_stages=dc["num_stages"])
+    return splitk_reduce(part, bias, out) if splits > 1 else out
+
+
+def supports_for(device_type: str):
+    def supports(x, w_packed, w_scale, w_zero, group_size, bias):
+        tensors = [t for t in (x, w_packed, w_scale, w_zero, bias) if t is not None]
+        if not all(isinstance(t, torch.Tensor) for t in tensors):
+            return "x, w_packed, w_scale (and w_zero, bias where given) must be tensors"
+        if x.device.type != device_type or any(t.device != x.device for t in tensors):
+            return f"all tensors must be on one {device_type} device"
+        if x.dtype not in X_DTYPES or x.dim() != 2:
+            return f"x must be a 2-D fp32, bf16 or fp16 tensor, got {x.dtype} {tuple(x.shape)}"
+        try:
+            n, _ = check_int4(w_packed, w_scale, w_zero, group_size, x.shape[1])
+        except (TypeError, ValueError) as exc:
+            return str(exc)
+        if group_size % ALIGN:
+            return f"group_size must be a multiple of {ALIGN}"
+        if not all(t.is_contiguous() for t in (w_packed, w_scale) + ((w_zero,) if w_zero is not None else ())):
+            return "w_packed, w_scale and w_zero must be contiguous"
+        if bias is not None and (tuple(bias.shape) != (n,) or not bias.is_floating_point()):
+            return f"bias must be None or a floating [N={n}] tensor"
+        return True
+
+    return supports
+
+
+def register(registry, device_type: str, capability=None) -> None:
+    registry.register(int4_linear, int4_linear_triton, name="triton_int4_w4a16", supports=supports_for(device_type),
+                      priority=PRIORITY,
+                      note=f"Triton W4A16 for GPTQ / AWQ weights: CUDA-core GEMV with 8-byte loads for M <= "
+                           f"{GEMV_MAX_M} (split-K when N is small), tensor cores (swap AB) above")

@@ -1,0 +1,106 @@
+"""Triton int4_linear (platforms/triton_kernels/int4_linear.py): both kernels (GEMV with and without split-K, tensor
+cores with and without split-K) against the op's reference on random codes, scales and zero points, for every x
+dtype, symmetric and asymmetric weights, every group size the checkpoints use, odd N, bias, unaligned storage;
+supports() declining with reasons."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.core.ops import KernelRegistry
+from engine.core.ops.int4 import _int4_linear_inputs, _int4_linear_ref, int4_linear
+from engine.platforms.triton_kernels import int4_linear as kmod
+from tests.platforms.triton_kernels.conftest import CAPABILITY, DEVICE, run_case
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+@pytest.fixture(scope="module")
+def registry() -> KernelRegistry:
+    reg = KernelRegistry("triton")
+    kmod.register(reg, DEVICE, CAPABILITY)
+    return reg
+
+
+def _inputs(m, n, k, group, dtype, seed, zero=True, bias=False, sdt=torch.float16):
+    gen = torch.Generator().manual_seed(seed)
+    return _int4_linear_inputs({"m": m, "n": n, "k": k, "group": group, "zero": zero, "bias": bias, "sdt": sdt},
+                               dtype, DEVICE, gen)
+
+
+def _check(args, dtype, **kw):
+    got = kmod.int4_linear_triton(*args, **kw)
+    want = _int4_linear_ref(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    scale = want.float().abs().amax().item() + 1e-6
+    err = (got.float() - want.float()).abs().amax().item()
+    assert err <= TOL[dtype] * scale, (err, scale, kw)
+    return err
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,n,k,group,zero,bias", [(1, 24, 64, 32, False, False), (1, 40, 256, 128, True, True),
+                                                   (2, 33, 96, 96, True, False), (3, 64, 320, 128, True, True),
+                                                   (4, 72, 512, 64, False, True), (9, 48, 256, 128, True, False),
+                                                   (33, 70, 384, 128, True, True), (80, 96, 576, 64, False, True)])
+def test_linear_matches_reference(registry, m, n, k, group, zero, bias, dtype, seed):
+    run_case(registry, "int4_linear", "triton_int4_w4a16",
+             {"m": m, "n": n, "k": k, "group": group, "zero": zero, "bias": bias}, dtype, seed)
+
+
+@pytest.mark.parametrize("kernel", ["gemv", "dot"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_both_kernels_every_code_and_zero(kernel, dtype, seed):
+    """Every code 0..15 against every zero point 0..15 in one weight, on both kernels at M = 3."""
+    args = list(_inputs(3, 256, 256, 32, dtype, seed))
+    codes = torch.arange(256 * 256, device=DEVICE).remainder(16).reshape(256, 256).to(torch.uint8)
+    args[1] = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    args[3] = torch.arange(256 * 8, device=DEVICE).div(3, rounding_mode="floor").remainder(16).reshape(256, 8).to(
+        torch.uint8)
+    _check(tuple(args), dtype, kernel=kernel)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("kernel", ["gemv", "dot"])
+def test_split_k_with_bias(kernel, splits, seed):
+    args = _inputs(2, 40, 1024, 128, torch.float32, seed, bias=True)
+    _check(args, torch.float32, kernel=kernel, config={"splits": splits})
+
+
+def test_scale_dtypes_and_whole_row_group(seed):
+    for sdt in (torch.bfloat16, torch.float32):
+        _check(_inputs(1, 24, 192, 192, torch.bfloat16, seed, sdt=sdt), torch.bfloat16)
+        _check(_inputs(20, 24, 192, 192, torch.bfloat16, seed, sdt=sdt), torch.bfloat16)
+
+
+def test_unaligned_weight_storage_and_strided_x(seed):
+    x, packed, scale, zero, g, bias = _inputs(2, 16, 128, 64, torch.bfloat16, seed)
+    store = torch.empty(packed.numel() + 3, dtype=torch.uint8, device=DEVICE)
+    odd = store[3:].view(packed.shape)
+    odd.copy_(packed)
+    wide = torch.empty((2, 256), dtype=x.dtype, device=DEVICE)
+    wide[:, :128] = x
+    for kernel in ("gemv", "dot"):
+        _check((wide[:, :128], odd, scale, zero, g, bias), torch.bfloat16, kernel=kernel)
+
+
+def test_empty(seed):
+    x, packed, scale, zero, g, bias = _inputs(1, 16, 64, 32, torch.float32, seed)
+    assert kmod.int4_linear_triton(x[:0], packed, scale, zero, g, bias).shape == (0, 16)
+
+
+def test_supports_declines_with_reasons(registry, seed):
+    sup = kmod.supports_for(DEVICE)
+    x, packed, scale, zero, g, bias = _inputs(2, 16, 64, 32, torch.float32, seed)
+    assert sup(x, packed, scale, zero, g, bias) is True
+    assert "multiples of 32" in sup(x, packed, scale, zero, 48, bias)
+    assert "w_zero" in sup(x, packed, scale, zero.to(torch.int32), g, bias)
+    assert "K=" in sup(x[:, :32], packed, scale, zero, g, bias)
+    assert "2-D" in sup(x.to(torch.int32), packed, scale, zero, g, bias)
+    assert "contiguous" in sup(x, packed, scale.t().contiguous().t(), zero, g, bias)
+    assert "bias" in sup(x, packed, scale, zero, g, bias[:3] if bias is not None else torch.zeros(3))
+    other = "cuda" if DEVICE == "cpu" else "cpu"
+    assert "device" in kmod.supports_for(other)(x, packed, scale, zero, g, bias)
+    assert [i.name for i in registry.implementations(int4_linear)] == ["triton_int4_w4a16"]
