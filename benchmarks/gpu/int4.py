@@ -79,7 +79,7 @@ def run(sweep: bool | None = None, device: str = "cuda", tiny: bool = False) -> 
             ref = _int4_linear_ref(x, *w4[0], None)
             _check(f"int4 M={m} {shape_w}", imod.int4_linear_triton(x, *w4[0], None), ref, 2e-2)
 
-            def calls(config, x=x, kernel=None):
+            def calls(config, x=x, w4=w4, kernel=None):
                 return [functools.partial(imod.int4_linear_triton, x, *w, None, kernel=kernel, config=config)
                         for w in w4]
 
