@@ -37,6 +37,8 @@ GEMV_SWEEP = ([dict(block_n=bn, block_b=bb, num_warps=wp, num_stages=st) for bn 
                for wp in (2, 4) for st in (2, 3)] + [dict(splits=sp) for sp in (1, 2, 4)])
 DOT_SWEEP = ([dict(block_n=bn, block_t=bt, num_warps=wp, num_stages=st) for bn in (64, 128) for bt in (8, 16, 32)
               for wp in (4, 8) for st in (2, 3, 4)] + [dict(splits=sp) for sp in (1, 2, 4, 8)])
+DOT_M1_SWEEP = [dict(block_m=16, block_n=bn, block_t=bt, num_warps=wp, num_stages=st) for bn in (32, 64, 128)
+                for bt in (16, 32) for wp in (4, 8) for st in (3, 4)]  # tensor cores at decode sizes
 
 
 def random_int4(n: int, k: int, group: int, device, gen) -> tuple:
@@ -87,16 +89,27 @@ def run(sweep: bool | None = None, device: str = "cuda", tiny: bool = False) -> 
             goal = f"ratio >= {GOAL_M1}" if m == 1 else "info"
             rows.append(_row("int4_w4a16", f"M={m} {shape_w}", us, int4_bytes, "cuBLAS bf16 F.linear", peer_us, goal,
                              peer_us / us >= (GOAL_M1 if m == 1 else 1.0)))
+            # the alternatives the defaults were chosen against: tensor cores at decode sizes, the dot without PTX
+            others = [("dot", None)] if m <= imod.GEMV_MAX_M else []
+            others += [("dot", {"asm": False})]
+            for kernel, config in others:
+                _check(f"int4 {kernel} {config} M={m} {shape_w}",
+                       imod.int4_linear_triton(x, *w4[0], None, kernel=kernel, config=config), ref, 2e-2)
+                o_us = _rotating(calls(config, kernel=kernel))
+                rows.append(_row(f"int4_w4a16[{kernel}{' no PTX' if config else ''}] (not the default)",
+                                 f"M={m} {shape_w}", o_us, int4_bytes, "cuBLAS bf16 F.linear", peer_us, "info",
+                                 peer_us / o_us >= 1.0))
             _check(f"gguf q4_1 M={m} {shape_w}", gmod.linear(x, q41[0], Q4_1, k), _gguf_linear_ref(x, q41[0], Q4_1, k),
                    2e-2)
             q_us = _rotating([functools.partial(gmod.linear, x, r, Q4_1, k) for r in q41])
             rows.append(_row("gguf_q4_1 (before: GPTQ/AWQ ran as this)", f"M={m} {shape_w}", q_us, q41_bytes,
                              "cuBLAS bf16 F.linear", peer_us, "info", peer_us / q_us >= 1.0))
             if sweep:
-                kernel = "gemv" if m <= imod.GEMV_MAX_M else "dot"
-                configs = (GEMV_SWEEP if kernel == "gemv" else DOT_SWEEP)[:first]
-                rows += _tune_rows(f"int4_w4a16[{kernel}]", f"M={m} {shape_w}",
-                                   functools.partial(calls, kernel=kernel), configs, peer_us, int4_bytes, ref)
+                sweeps = [("gemv", GEMV_SWEEP), ("dot", DOT_M1_SWEEP)] if m <= imod.GEMV_MAX_M else [("dot", DOT_SWEEP)]
+                for kernel, configs in sweeps:
+                    rows += _tune_rows(f"int4_w4a16[{kernel}]", f"M={m} {shape_w}",
+                                       functools.partial(calls, kernel=kernel), configs[:first], peer_us, int4_bytes,
+                                       ref)
         w16 = w4 = q41 = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -13,6 +13,8 @@ K is split (fp32 partials, one reduction launch) while N alone leaves SMs idle.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -42,6 +44,7 @@ GEMV_STAGES = 2
 PROGRAMS_PER_SM = 8
 MIN_SPLIT_BLOCK_B = 32
 DOT_PROGRAMS_PER_SM = 4
+DOT_ASM = True  # 16-bit x: the words decoded by inline PTX into packed 16-bit pairs (GPU only)
 INTERPRETER_SMS = 4  # a small fake SM count under the interpreter, so the split-K paths run in CI
 
 
@@ -73,6 +76,36 @@ def _group_params(s_rows, z_rows, g, mask, HAS_ZERO: tl.constexpr):
     else:
         z = 8388616.0
     return s, z
+
+
+def _asm_decode_text(bf16: bool) -> str:
+    """PTX: int32 word $8 (8 codes, element e at bits 4e), the 16-bit ``magic + zero`` $9 and the 16-bit scale $10
+    -> the 8 values ``(code - zero) * scale`` in x's dtype, $0..$7 in element order. Codes i and i + 4 become one
+    16-bit pair by a shift and one lop3 (``(w >> 4i) & 0x000F000F | magic``: the pair ``magic + code``, exact, with
+    magic 128 in bf16 and 1024 in fp16, whose unit in the last place is 1), then a packed subtraction (exact) and a
+    packed multiply by the scale pair (one rounding): two values in four instructions."""
+    magic, kind = ("0x43004300", "bf16x2") if bf16 else ("0x64006400", "f16x2")
+    lines = ["{", ".reg .b32 a, z2, s2;", "mov.b32 z2, {$9, $9};", "mov.b32 s2, {$10, $10};"]
+    for i in range(4):
+        lines.append(f"shr.b32 a, $8, {4 * i};" if i else "mov.b32 a, $8;")
+        lines += [f"lop3.b32 a, a, 0x000F000F, {magic}, 0xEA;",  # (a & b) | c
+                  f"sub.rn.{kind} a, a, z2;", f"mul.rn.{kind} a, a, s2;", f"mov.b32 {{${i}, ${i + 4}}}, a;"]
+    return "\n".join(lines + ["}"])
+
+
+_ASM_BF16 = tl.constexpr(_asm_decode_text(True))
+_ASM_F16 = tl.constexpr(_asm_decode_text(False))
+
+
+@triton.jit
+def _decode_asm(w, zm, s16):
+    """int32 words, 16-bit ``magic + zero`` and scales (x's dtype) -> 8 planes of ``(code - zero) * scale``."""
+    if s16.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(_ASM_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, zm, s16],
+                                         dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise(_ASM_F16, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, zm, s16],
+                                         dtype=(tl.float16,) * 8, is_pure=True, pack=1)
 
 
 @triton.jit(do_not_specialize=["ZERO"])
@@ -137,10 +170,11 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
 def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, KW, WPG, stride_xm, stride_wn,
                 stride_sn, stride_zn, stride_om, words_per_split, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
                 SPLIT: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_T: tl.constexpr):
+                BLOCK_T: tl.constexpr, ASM: tl.constexpr = False):
     """Tensor cores, swap AB: out^T [BLOCK_N, BLOCK_M] += W [BLOCK_N, 8 BLOCK_T] @ x^T over int32 words (8 codes
     each) [N, KW]; WPG is words per group. Program (pid_n, pid_m, pid_k) covers words pid_k * words_per_split ..;
-    with SPLIT, fp32 partials go to part_ptr [splits, M, N]."""
+    with SPLIT, fp32 partials go to part_ptr [splits, M, N]. ASM (16-bit x; never under the interpreter): the words
+    are decoded by inline PTX into 16-bit pairs (:func:`_asm_decode_text`), the scale rounded to x's dtype first."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -163,8 +197,16 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, K
         m2 = rmask[:, None] & (t < t_end)[None, :]
         w = tl.load(w_rows + t[None, :], mask=m2, other=0)
         s, c = _group_params(s_rows, z_rows, (t // WPG)[None, :], m2, HAS_ZERO)
-        v0, v1, v2, v3, v4, v5, v6, v7 = _planes(w, c)
-        a = _k_order(v0 * s, v1 * s, v2 * s, v3 * s, v4 * s, v5 * s, v6 * s, v7 * s)  # [BN, 8T] in K order
+        if ASM:
+            if DT == tl.bfloat16:
+                zm = (s * 0.0 + (c - 8388480.0)).to(DT)  # 128 + zero, as a tile even where c is a constant
+            else:
+                zm = (s * 0.0 + (c - 8387584.0)).to(DT)  # 1024 + zero
+            p0, p1, p2, p3, p4, p5, p6, p7 = _decode_asm(w, zm, s.to(DT))
+            a = _k_order(p0, p1, p2, p3, p4, p5, p6, p7)
+        else:
+            v0, v1, v2, v3, v4, v5, v6, v7 = _planes(w, c)
+            a = _k_order(v0 * s, v1 * s, v2 * s, v3 * s, v4 * s, v5 * s, v6 * s, v7 * s)  # [BN, 8T] in K order
         kk = k0w * 8 + tl.arange(0, 8 * BLOCK_T)
         xt = tl.load(x_cols + kk[:, None], mask=(kk < t_end * 8)[:, None] & mmask[None, :], other=0.0)
         if INTERPRET:  # the interpreter's 16-bit dot is wrong; fp32 tiles (of the rounded values) are right
@@ -199,6 +241,19 @@ def dot_config(m: int, dtype: torch.dtype) -> dict:
         return dict(block_m=min(block_m, 64), block_n=64, block_t=8, num_warps=8, num_stages=2)
     return dict(block_m=block_m, block_n=128 if block_m >= 64 else 64, block_t=16, num_warps=8 if block_m >= 64 else 4,
                 num_stages=3)
+
+
+def ptx_sm90(device: torch.device) -> bool:
+    """Whether the inline PTX decode may run on ``device``: an NVIDIA GPU (not ROCm, not the interpreter) of compute
+    capability >= 9.0 (``sub.bf16x2`` / ``mul.bf16x2``)."""
+    if device.type != "cuda" or interpreting() or torch.version.hip:
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))
 
 
 def _aligned(t: torch.Tensor, alignment: int) -> torch.Tensor:
@@ -256,7 +311,8 @@ def int4_linear_triton(x, w_packed, w_scale, w_zero, group_size, bias=None, *, k
         x, words, w_scale, zero, bias_arg, out, part, m, n, kw, group_size // 8, x.stride(0), words.stride(0),
         w_scale.stride(0), zero.stride(0), out.stride(0), per_split, HAS_ZERO=has_zero, HAS_BIAS=has_bias,
         SPLIT=splits > 1, INTERPRET=interpreting(), BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"],
-        BLOCK_T=dc["block_t"], num_warps=dc["num_warps"], num_stages=dc["num_stages"])
+        BLOCK_T=dc["block_t"], ASM=bool(dc.get("asm", DOT_ASM)) and x.element_size() == 2 and ptx_sm90(x.device),
+        num_warps=dc["num_warps"], num_stages=dc["num_stages"])
     return splitk_reduce(part, bias, out) if splits > 1 else out
 
 

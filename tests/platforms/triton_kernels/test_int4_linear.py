@@ -104,3 +104,23 @@ def test_supports_declines_with_reasons(registry, seed):
     other = "cuda" if DEVICE == "cpu" else "cpu"
     assert "device" in kmod.supports_for(other)(x, packed, scale, zero, g, bias)
     assert [i.name for i in registry.implementations(int4_linear)] == ["triton_int4_w4a16"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("zero", [False, True])
+@pytest.mark.parametrize("m", [1, 16, 70])
+def test_dot_ptx_decode(m, zero, dtype, seed):
+    """The inline-PTX decode of the tensor-core kernel (GPU, sm_90+) against the reference; the scale's rounding to x's
+    dtype stays inside the op's tolerance."""
+    if not kmod.ptx_sm90(torch.device(DEVICE)):
+        pytest.skip("inline PTX runs on NVIDIA GPUs of compute capability >= 9.0 only (not under the interpreter)")
+    args = _inputs(m, 136, 512, 128, dtype, seed, zero=zero, bias=True)
+    _check(args, dtype, kernel="dot", config={"asm": True})
+    _check(args, dtype, kernel="dot", config={"asm": False})
+
+
+def test_ptx_gate_off_a_gpu():
+    assert kmod.ptx_sm90(torch.device("cpu")) is False
+    if DEVICE == "cpu":  # the interpreter: never PTX, whatever the config asks
+        x, packed, scale, zero, g, bias = _inputs(3, 16, 64, 32, torch.bfloat16, 0)
+        _check((x, packed, scale, zero, g, bias), torch.bfloat16, kernel="dot", config={"asm": True})
