@@ -90,13 +90,13 @@ def run(sweep: bool | None = None, device: str = "cuda", tiny: bool = False) -> 
             rows.append(_row("int4_w4a16", f"M={m} {shape_w}", us, int4_bytes, "cuBLAS bf16 F.linear", peer_us, goal,
                              peer_us / us >= (GOAL_M1 if m == 1 else 1.0)))
             # the alternatives the defaults were chosen against: tensor cores at decode sizes, the dot without PTX
-            others = [("dot", None)] if m <= imod.GEMV_MAX_M else []
+            others = [("dot", None), ("gemv", {"mantissa": not imod.GEMV_MANTISSA})] if m <= imod.GEMV_MAX_M else []
             others += [("dot", {"asm": False})]
             for kernel, config in others:
                 _check(f"int4 {kernel} {config} M={m} {shape_w}",
                        imod.int4_linear_triton(x, *w4[0], None, kernel=kernel, config=config), ref, 2e-2)
                 o_us = _rotating(calls(config, kernel=kernel))
-                rows.append(_row(f"int4_w4a16[{kernel}{' no PTX' if config else ''}] (not the default)",
+                rows.append(_row(f"int4_w4a16[{kernel} {json.dumps(config)}] (not the default)",
                                  f"M={m} {shape_w}", o_us, int4_bytes, "cuBLAS bf16 F.linear", peer_us, "info",
                                  peer_us / o_us >= 1.0))
             _check(f"gguf q4_1 M={m} {shape_w}", gmod.linear(x, q41[0], Q4_1, k), _gguf_linear_ref(x, q41[0], Q4_1, k),

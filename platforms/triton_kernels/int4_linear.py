@@ -41,6 +41,7 @@ GEMV_MR_BLOCK_N = 4  # M = 2..4
 GEMV_MR_BLOCK_B = 64
 GEMV_MR_WARPS = 2
 GEMV_STAGES = 2
+GEMV_MANTISSA = True  # decode nibbles in place (see _mantissa_planes); False: a shift per value
 PROGRAMS_PER_SM = 8
 MIN_SPLIT_BLOCK_B = 32
 DOT_PROGRAMS_PER_SM = 4
@@ -59,6 +60,30 @@ def _planes(w, c):
     """int32 words of 8 codes (element e at bits 4e) -> the 8 planes ``code - zero`` (fp32, exact)."""
     return (_minus(w, 0, c), _minus(w, 4, c), _minus(w, 8, c), _minus(w, 12, c), _minus(w, 16, c),
             _minus(w, 20, c), _minus(w, 24, c), _minus(w, 28, c))
+
+
+@triton.jit
+def _masked(w, MASK: tl.constexpr, c):
+    """fp32 ``(w & MASK) + 2**23 - c``: one nibble left where it sits in the mantissa, exact."""
+    return ((w & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - c
+
+
+@triton.jit
+def _mantissa_planes(w, c0, c1, c2, c3, c4):
+    """int32 words of 8 codes -> the 8 planes ``(code - zero) * 2**(4 e')`` with e' = 0, 1, 2, 3, 4, 1, 2, 3 (exact),
+    where ``c_j = 2**23 + zero * 2**(4 j)``: each nibble is masked in place into the mantissa of 2**23 (one lop3), the
+    top three after one shift of the word; no shift per value. The x values take the 2**-(4 e') instead
+    (nvfp4._gemv_block's X_SHIFT), once per value for all the tile's rows."""
+    h = w >> 16
+    return (_masked(w, 0xF, c0), _masked(w, 0xF0, c1), _masked(w, 0xF00, c2), _masked(w, 0xF000, c3),
+            _masked(w, 0xF0000, c4), _masked(h, 0xF0, c1), _masked(h, 0xF00, c2), _masked(h, 0xF000, c3))
+
+
+@triton.jit
+def _mantissa_offsets(c):
+    """c_0..c_4 of :func:`_mantissa_planes` from ``c = 2**23 + zero`` (a tile, or the constant of zero 8)."""
+    z = c - 8388608.0
+    return c, z * 16.0 + 8388608.0, z * 256.0 + 8388608.0, z * 4096.0 + 8388608.0, z * 65536.0 + 8388608.0
 
 
 @triton.jit
@@ -112,11 +137,13 @@ def _decode_asm(w, zm, s16):
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, NB, UPG, stride_xm, stride_wn,
                  stride_sn, stride_zn, stride_om, blocks_per_split, ZERO, HAS_ZERO: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_B: tl.constexpr, EVEN: tl.constexpr):
+                 BLOCK_B: tl.constexpr, EVEN: tl.constexpr, MANTISSA: tl.constexpr = False):
     """CUDA-core GEMV for up to 4 rows of x over int64 words (16 codes each) [N, NB]. Tile [BLOCK_B units, BLOCK_N
     rows]; UPG is units per group. Program (pid_n, pid_k) covers rows pid_n * BLOCK_N .. and units pid_k *
     blocks_per_split ..; with SPLIT, fp32 partials go to part_ptr [splits, M, N]. EVEN: no load needs a mask. ZERO
-    is 0: added to the unit index it keeps Triton from reordering the tile's layout (see nvfp4._gemv_kernel)."""
+    is 0: added to the unit index it keeps Triton from reordering the tile's layout (see nvfp4._gemv_kernel).
+    MANTISSA: the codes are decoded in place (:func:`_mantissa_planes`: 3 instructions a value with the FMA, against
+    4 with a shift each) and x takes the powers of two."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -147,17 +174,23 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
             m2 = bmask & rmask[None, :]
             w = tl.load(w_rows + blks, mask=m2, other=0)
             s, c = _group_params(s_rows, z_rows, g, m2, HAS_ZERO)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _planes(w.to(tl.int32), c)
-        b0, b1, b2, b3, b4, b5, b6, b7 = _planes((w >> 32).to(tl.int32), c)
-        acc0 += _gemv_block(x_ptr, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7) * s
+        if MANTISSA:
+            c0, c1, c2, c3, c4 = _mantissa_offsets(c)
+            a0, a1, a2, a3, a4, a5, a6, a7 = _mantissa_planes(w.to(tl.int32), c0, c1, c2, c3, c4)
+            b0, b1, b2, b3, b4, b5, b6, b7 = _mantissa_planes((w >> 32).to(tl.int32), c0, c1, c2, c3, c4)
+        else:
+            a0, a1, a2, a3, a4, a5, a6, a7 = _planes(w.to(tl.int32), c)
+            b0, b1, b2, b3, b4, b5, b6, b7 = _planes((w >> 32).to(tl.int32), c)
+        acc0 += _gemv_block(x_ptr, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
+                            MANTISSA) * s
         if BLOCK_M > 1:
             acc1 += _gemv_block(x1_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7,
-                                b0, b1, b2, b3, b4, b5, b6, b7) * s
+                                b0, b1, b2, b3, b4, b5, b6, b7, MANTISSA) * s
         if BLOCK_M > 2:
             acc2 += _gemv_block(x2_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7,
-                                b0, b1, b2, b3, b4, b5, b6, b7) * s
+                                b0, b1, b2, b3, b4, b5, b6, b7, MANTISSA) * s
             acc3 += _gemv_block(x3_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7,
-                                b0, b1, b2, b3, b4, b5, b6, b7) * s
+                                b0, b1, b2, b3, b4, b5, b6, b7, MANTISSA) * s
     _gemv_store(acc0, 0, 1.0, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
     if BLOCK_M > 1:
         _gemv_store(acc1, 1, 1.0, rows, rmask, M, N, pid_k, bias_ptr, out_ptr, part_ptr, stride_om, HAS_BIAS, SPLIT)
@@ -293,7 +326,8 @@ def int4_linear_triton(x, w_packed, w_scale, w_zero, group_size, bias=None, *, k
             x, words, w_scale, zero, bias_arg, out, part, m, n, nb, group_size // UNIT, x.stride(0), words.stride(0),
             w_scale.stride(0), zero.stride(0), out.stride(0), per_split, 0, HAS_ZERO=has_zero, HAS_BIAS=has_bias,
             SPLIT=splits > 1, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_B=block_b,
-            EVEN=n % block_n == 0 and nb % per_split == 0, num_warps=cfg.get("num_warps", warps),
+            EVEN=n % block_n == 0 and nb % per_split == 0, MANTISSA=bool(cfg.get("mantissa", GEMV_MANTISSA)),
+            num_warps=cfg.get("num_warps", warps),
             num_stages=cfg.get("num_stages", GEMV_STAGES))
         return splitk_reduce(part, bias, out) if splits > 1 else out
     words = _aligned(w_packed, 4).view(torch.int32)  # [N, K/8]

@@ -294,11 +294,14 @@ def _ld(ptrs, mask):
 
 
 @triton.jit
-def _gemv_block(x_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
+def _gemv_block(x_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
+                X_SHIFT: tl.constexpr = False):
     """Sum over each 16-element block of one row of x times the decoded values (a: word 0, b: word 1 of the block,
     [BB, BN] each): [BB, BN]. ``blks`` and ``bmask`` (which may be None) are [BB, 1], so x is loaded straight into
     the layout it is used in (1-D x tensors took a shared-memory layout conversion each with Triton 3.6). 16-bit x
-    is read as four 8-byte words per block and widened by bit ops."""
+    is read as four 8-byte words per block and widened by bit ops. X_SHIFT: element e of each word (8 elements)
+    is first multiplied by 2**-(4 e') with e' = 0, 1, 2, 3, 4, 1, 2, 3 (exact), for decoded values that carry
+    2**(4 e') (int4_linear's mantissa decode); once per x value, shared by the block's rows."""
     DT: tl.constexpr = x_row.dtype.element_ty
     if DT == tl.float32:
         xb = x_row + blks * 16
@@ -312,6 +315,11 @@ def _gemv_block(x_row, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, 
         x4, x5, x6, x7 = _x16(_ld(xq + 1, bmask), DT)
         x8, x9, x10, x11 = _x16(_ld(xq + 2, bmask), DT)
         x12, x13, x14, x15 = _x16(_ld(xq + 3, bmask), DT)
+    if X_SHIFT:
+        x1, x2, x3, x4, x5, x6, x7 = x1 * 0.0625, x2 * 0.00390625, x3 * 0.000244140625, x4 * 1.52587890625e-05, \
+            x5 * 0.0625, x6 * 0.00390625, x7 * 0.000244140625
+        x9, x10, x11, x12, x13, x14, x15 = x9 * 0.0625, x10 * 0.00390625, x11 * 0.000244140625, \
+            x12 * 1.52587890625e-05, x13 * 0.0625, x14 * 0.00390625, x15 * 0.000244140625
     return (a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3 + a4 * x4 + a5 * x5 + a6 * x6 + a7 * x7 + b0 * x8 + b1 * x9
             + b2 * x10 + b3 * x11 + b4 * x12 + b5 * x13 + b6 * x14 + b7 * x15)  # one FMA chain per row and block
 

@@ -124,3 +124,16 @@ def test_ptx_gate_off_a_gpu():
     if DEVICE == "cpu":  # the interpreter: never PTX, whatever the config asks
         x, packed, scale, zero, g, bias = _inputs(3, 16, 64, 32, torch.bfloat16, 0)
         _check((x, packed, scale, zero, g, bias), torch.bfloat16, kernel="dot", config={"asm": True})
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mantissa", [False, True])
+@pytest.mark.parametrize("zero", [False, True])
+def test_gemv_both_decodes(mantissa, zero, dtype, seed):
+    """The GEMV's two decodes (a shift per value, or nibbles in place with x taking the powers of two) at M = 1..4,
+    every code against every zero point."""
+    for m in (1, 4):
+        args = list(_inputs(m, 64, 512, 64, dtype, seed, zero=zero, bias=True))
+        codes = torch.arange(64 * 512, device=DEVICE).remainder(16).reshape(64, 512).to(torch.uint8)
+        args[1] = codes[:, 0::2] | (codes[:, 1::2] << 4)
+        _check(tuple(args), dtype, kernel="gemv", config={"mantissa": mantissa})
