@@ -305,6 +305,8 @@ def int4_linear_triton(x, w_packed, w_scale, w_zero, group_size, bias=None, *, k
     if m == 0 or n == 0:
         return out
     has_zero, has_bias = w_zero is not None, bias is not None
+    if has_bias and bias.stride(-1) != 1:
+        bias = bias.contiguous()  # the kernels read it densely
     zero = w_zero if has_zero else w_packed  # any pointer; not read
     bias_arg = bias if has_bias else w_scale
     cfg = dict(config or {})
