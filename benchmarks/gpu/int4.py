@@ -90,7 +90,9 @@ def run(sweep: bool | None = None, device: str = "cuda", tiny: bool = False) -> 
             rows.append(_row("int4_w4a16", f"M={m} {shape_w}", us, int4_bytes, "cuBLAS bf16 F.linear", peer_us, goal,
                              peer_us / us >= (GOAL_M1 if m == 1 else 1.0)))
             # the alternatives the defaults were chosen against: tensor cores at decode sizes, the dot without PTX
-            others = [("dot", None), ("gemv", {"mantissa": not imod.GEMV_MANTISSA})] if m <= imod.GEMV_MAX_M else []
+            others = []
+            if m <= imod.GEMV_MAX_M:
+                others = [("dot", None), ("gemv", {"mantissa": m > imod.GEMV_MANTISSA_MAX_M})]
             others += [("dot", {"asm": False})]
             for kernel, config in others:
                 _check(f"int4 {kernel} {config} M={m} {shape_w}",

@@ -41,7 +41,10 @@ GEMV_MR_BLOCK_N = 4  # M = 2..4
 GEMV_MR_BLOCK_B = 64
 GEMV_MR_WARPS = 2
 GEMV_STAGES = 2
-GEMV_MANTISSA = True  # decode nibbles in place (see _mantissa_planes); False: a shift per value
+# Decode the nibbles in place (see _mantissa_planes) at M = 1, a shift per value above. H100, 2026-12-07 (benchmarks/
+# gpu/int4.py, 8B shapes): M = 1 in place 7.5-36.6 us against 7.8-39.0 with shifts; M = 4 14.5-65.8 us with shifts
+# against 15.9-71.0 in place (the MR tile's x scaling costs more than the shifts it saves)
+GEMV_MANTISSA_MAX_M = 1
 PROGRAMS_PER_SM = 8
 MIN_SPLIT_BLOCK_B = 32
 DOT_PROGRAMS_PER_SM = 4
@@ -328,7 +331,7 @@ def int4_linear_triton(x, w_packed, w_scale, w_zero, group_size, bias=None, *, k
             x, words, w_scale, zero, bias_arg, out, part, m, n, nb, group_size // UNIT, x.stride(0), words.stride(0),
             w_scale.stride(0), zero.stride(0), out.stride(0), per_split, 0, HAS_ZERO=has_zero, HAS_BIAS=has_bias,
             SPLIT=splits > 1, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_B=block_b,
-            EVEN=n % block_n == 0 and nb % per_split == 0, MANTISSA=bool(cfg.get("mantissa", GEMV_MANTISSA)),
+            EVEN=n % block_n == 0 and nb % per_split == 0, MANTISSA=bool(cfg.get("mantissa", m <= GEMV_MANTISSA_MAX_M)),
             num_warps=cfg.get("num_warps", warps),
             num_stages=cfg.get("num_stages", GEMV_STAGES))
         return splitk_reduce(part, bias, out) if splits > 1 else out
