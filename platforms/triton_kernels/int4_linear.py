@@ -209,11 +209,13 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
 def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, KW, WPG, stride_xm, stride_wn,
                 stride_sn, stride_zn, stride_om, words_per_split, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
                 SPLIT: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_T: tl.constexpr, ASM: tl.constexpr = False):
+                BLOCK_T: tl.constexpr, ASM: tl.constexpr = False, ONE_GROUP: tl.constexpr = False):
     """Tensor cores, swap AB: out^T [BLOCK_N, BLOCK_M] += W [BLOCK_N, 8 BLOCK_T] @ x^T over int32 words (8 codes
     each) [N, KW]; WPG is words per group. Program (pid_n, pid_m, pid_k) covers words pid_k * words_per_split ..;
     with SPLIT, fp32 partials go to part_ptr [splits, M, N]. ASM (16-bit x; never under the interpreter): the words
-    are decoded by inline PTX into 16-bit pairs (:func:`_asm_decode_text`), the scale rounded to x's dtype first."""
+    are decoded by inline PTX into 16-bit pairs (:func:`_asm_decode_text`), the scale rounded to x's dtype first.
+    ONE_GROUP: every K step lies in one group (WPG a multiple of BLOCK_T, and splits on step boundaries), so the
+    scale and zero are loaded once per row and step ([BLOCK_N, 1]) instead of once per word."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -235,8 +237,12 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, K
         t = k0w + tt
         m2 = rmask[:, None] & (t < t_end)[None, :]
         w = tl.load(w_rows + t[None, :], mask=m2, other=0)
-        s, c = _group_params(s_rows, z_rows, (t // WPG)[None, :], m2, HAS_ZERO)
+        if ONE_GROUP:
+            s, c = _group_params(s_rows, z_rows, k0w // WPG, rmask[:, None], HAS_ZERO)
+        else:
+            s, c = _group_params(s_rows, z_rows, (t // WPG)[None, :], m2, HAS_ZERO)
         if ASM:
+            s = tl.broadcast_to(s, [BLOCK_N, BLOCK_T])  # the PTX takes one scale and zero per word
             if DT == tl.bfloat16:
                 zm = (s * 0.0 + (c - 8388480.0)).to(DT)  # 128 + zero, as a tile even where c is a constant
             else:
@@ -354,6 +360,7 @@ def int4_linear_triton(x, w_packed, w_scale, w_zero, group_size, bias=None, *, k
         w_scale.stride(0), zero.stride(0), out.stride(0), per_split, HAS_ZERO=has_zero, HAS_BIAS=has_bias,
         SPLIT=splits > 1, INTERPRET=interpreting(), BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"],
         BLOCK_T=dc["block_t"], ASM=bool(dc.get("asm", DOT_ASM)) and x.element_size() == 2 and ptx_sm90(x.device),
+        ONE_GROUP=(group_size // 8) % dc["block_t"] == 0 and per_split % dc["block_t"] == 0,
         num_warps=dc["num_warps"], num_stages=dc["num_stages"])
     return splitk_reduce(part, bias, out) if splits > 1 else out
 

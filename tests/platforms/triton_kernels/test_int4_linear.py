@@ -137,3 +137,12 @@ def test_gemv_both_decodes(mantissa, zero, dtype, seed):
         codes = torch.arange(64 * 512, device=DEVICE).remainder(16).reshape(64, 512).to(torch.uint8)
         args[1] = codes[:, 0::2] | (codes[:, 1::2] << 4)
         _check(tuple(args), dtype, kernel="gemv", config={"mantissa": mantissa})
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+def test_dot_one_group_per_step_and_not(group, seed):
+    """The tensor-core kernel's scale loads: once per row and step where a step lies in one group (group 128 and 256
+    with 128-value steps), once per word where it spans several (32, 64); split K too."""
+    for splits in (1, 3):
+        args = _inputs(20, 40, 1024, group, torch.float32, seed, zero=True, bias=True)
+        _check(args, torch.float32, kernel="dot", config={"splits": splits, "block_t": 16})
