@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.gpu import ceilings  # noqa: E402
-from benchmarks.gpu.quant import _buffers, _check, _print_table, _random_gguf, _rotating, _row, _tune_rows  # noqa: E402
+from benchmarks.gpu.quant import _buffers, _check, _random_gguf, _rotating, _row, _tune_rows, report  # noqa: E402
 
 SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))  # the 8B model's qkv, o, gate_up, down [N, K]
 MS = (1, 4, 16, 64)
@@ -124,11 +124,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--tiny", action="store_true", help="TINY shapes (CI runs them on the CPU under the interpreter)")
     args = ap.parse_args()
-    rows = run(sweep=True if args.sweep else None, tiny=args.tiny)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    _print_table(rows)
+    report(run(sweep=True if args.sweep else None, tiny=args.tiny), args.json)
 
 
 if __name__ == "__main__":

@@ -299,6 +299,14 @@ def run(tune: bool | None = None, device: str = "cuda", tiny: bool = False) -> l
     return rows
 
 
+def report(rows, json_path: str | None) -> None:
+    """Print ``rows`` as a table, and write them to ``json_path`` as well where one is given."""
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=1)
+    _print_table(rows)
+
+
 def _print_table(rows) -> None:
     head = ("bench", "shape", "us", "GB/s", "peer_us", "ratio", "goal", "met")
     table = [head] + [(r["bench"], r["shape"], f"{r['us']:.2f}", f"{r.get('gbps', float('nan')):.0f}",
@@ -316,11 +324,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--tiny", action="store_true", help="TINY shapes (CI runs them on the CPU under the interpreter)")
     args = ap.parse_args()
-    rows = run(tune=False if args.no_tune else True if args.tune else None, tiny=args.tiny)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    _print_table(rows)
+    report(run(tune=False if args.no_tune else True if args.tune else None, tiny=args.tiny), args.json)
 
 
 if __name__ == "__main__":
