@@ -94,7 +94,13 @@ def native_int4(weights: dict) -> dict:
 
     if active_registry().implementations(int4_linear):
         return weights
-    return {name: int4_as_gguf(w) if isinstance(w, Int4Weight) else w for name, w in weights.items()}
+    out = {}
+    for name, w in weights.items():
+        try:
+            out[name] = int4_as_gguf(w) if isinstance(w, Int4Weight) else w
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from exc
+    return out
 
 
 def int4_as_gguf(w: Int4Weight) -> QuantizedWeight:

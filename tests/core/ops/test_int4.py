@@ -78,3 +78,18 @@ def test_checks_name_what_is_wrong(bad, match, seed):
     packed = torch.zeros((8, 40), dtype=torch.uint8) if "k" in bad else w.packed
     with pytest.raises((TypeError, ValueError), match=match):
         _int4_linear_ref(x, packed, scale, zero, bad.get("group", 64), None)
+
+
+def test_native_int4_names_the_matrix_it_cannot_convert(seed):
+    """On the CPU platform (no int4_linear kernel) every Int4Weight becomes GGUF blocks at load; one whose bf16 scales
+    fp16 cannot hold is refused with its name and the way out."""
+    from engine.core import plugins
+    from engine.core.models.weights import QuantizedWeight, native_int4
+
+    plugins.activate("cpu")
+    good, bad = _weight(8, 64, 32, True, seed), _weight(8, 64, 32, False, seed, sdt=torch.bfloat16)
+    out = native_int4({"a.weight": good, "norm": torch.ones(3)})
+    assert isinstance(out["a.weight"], QuantizedWeight) and torch.equal(out["norm"], torch.ones(3))
+    bad.scale[0, 0] = 1e30
+    with pytest.raises(ValueError, match="b.weight: .*int4_linear kernel"):
+        native_int4({"b.weight": bad})
