@@ -108,7 +108,7 @@ def int4_as_gguf(w: Int4Weight) -> QuantizedWeight:
     zero 8) as Q4_0, exactly; others as Q4_1 with ``m = -zero * scale`` rounded to fp16 (as the GPU kernels that
     read these checkpoints round ``(q - z) * s``). Scales are stored as fp16 (GGUF's scale type)."""
     from engine.core.ops.gguf_quant import BLOCK, Q4_0, Q4_1
-    from engine.core.ops.int4 import unpack_codes
+    from engine.core.ops.nvfp4 import unpack
 
     n, k = w.shape
     if w.scale.dtype != torch.float16 and not bool(((w.scale.float().abs() < 65504) &
@@ -118,7 +118,7 @@ def int4_as_gguf(w: Int4Weight) -> QuantizedWeight:
     per_block = w.group_size // BLOCK
     s = w.scale.to(torch.float16)
     d = s.repeat_interleave(per_block, dim=1)[:, :k // BLOCK]  # [N, K / 32] (a last group may be partial)
-    vals = unpack_codes(w.packed).reshape(n, k // BLOCK, BLOCK)
+    vals = unpack(w.packed).reshape(n, k // BLOCK, BLOCK)
     qs = vals[..., :16] | (vals[..., 16:] << 4)
     if w.zero is None or bool((w.zero == 8).all()):
         raw = torch.cat([d[..., None].view(torch.uint8), qs], dim=-1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .inputs import randint, randn, uniform
+from .nvfp4 import unpack
 from .precision import acc
 from .registry import Case, OpDef, Tolerance
 from .shapes import matmul_cases
@@ -23,14 +24,9 @@ _ORACLE_DTYPES = SCALE_DTYPES + (torch.float64,)  # float64 only where the confo
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes [N, K] (0..15) -> uint8 [N, K/2], low nibble first."""
+    """uint8 codes [N, K] (0..15) -> uint8 [N, K/2], low nibble first (nvfp4.unpack is the inverse)."""
     codes = codes.to(torch.uint8)
     return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()  # a transposed input would give transposed strides
-
-
-def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, K/2] -> codes uint8 [N, K]."""
-    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
 
 
 def check_int4(w_packed, w_scale, w_zero, group_size: int, k: int | None = None) -> tuple[int, int]:
@@ -58,7 +54,7 @@ def dequantize_int4(w_packed, w_scale, w_zero, group_size: int) -> torch.Tensor:
     """The weight [N, K] in fp32 (fp64 for fp64 scales: the kit's oracle)."""
     n, k = check_int4(w_packed, w_scale, w_zero, group_size)
     dt = torch.float64 if w_scale.dtype == torch.float64 else torch.float32
-    codes = unpack_codes(w_packed).to(dt)
+    codes = unpack(w_packed).to(dt)
     zero = 8.0 if w_zero is None else w_zero.to(dt).repeat_interleave(group_size, dim=1)[:, :k]
     return (codes - zero) * w_scale.to(dt).repeat_interleave(group_size, dim=1)[:, :k]
 

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.core.ops.int4 import ALIGN, check_int4, int4_linear
+from engine.core.ops.int4 import check_int4, int4_linear
 from engine.platforms.triton_kernels import interpreting, sm_count
 from engine.platforms.triton_kernels.nvfp4 import (
     _gemv_block,
@@ -378,8 +378,6 @@ def supports_for(device_type: str):
             n, _ = check_int4(w_packed, w_scale, w_zero, group_size, x.shape[1])
         except (TypeError, ValueError) as exc:
             return str(exc)
-        if group_size % ALIGN:
-            return f"group_size must be a multiple of {ALIGN}"
         if not all(t.is_contiguous() for t in (w_packed, w_scale) + ((w_zero,) if w_zero is not None else ())):
             return "w_packed, w_scale and w_zero must be contiguous"
         if bias is not None and (tuple(bias.shape) != (n,) or not bias.is_floating_point()):

@@ -9,7 +9,8 @@ import torch
 from engine.core.models.layers import stack_int4
 from engine.core.models.weights import Int4Weight, dense_weight, int4_as_gguf
 from engine.core.ops.gguf_quant import Q4_0, Q4_1, gguf_dequantize
-from engine.core.ops.int4 import _int4_linear_inputs, _int4_linear_ref, pack_codes, unpack_codes
+from engine.core.ops.int4 import _int4_linear_inputs, _int4_linear_ref, pack_codes
+from engine.core.ops.nvfp4 import unpack as unpack_codes
 
 
 def _weight(n, k, group, zero, seed, sdt=torch.float16):
