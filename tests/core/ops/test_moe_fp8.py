@@ -81,15 +81,21 @@ def test_reference_matches_per_token_loop(case, dtype, gen):
 @pytest.mark.parametrize("case", OP.cases[:4], ids=lambda c: c.name)
 def test_close_to_dequantized_fused_moe(case, gen):
     """fused_moe (fp32 activations) on the dequantized weights differs only by the activation quantization:
-    a few percent, and not zero (the activations really are quantized)."""
-    x, w13_q, w13_s, w2_q, w2_s, logits, k, rn = OP.make_inputs(case.params, torch.float32, "cpu", gen)
-    e = w13_q.shape[0]
-    w13 = torch.stack([moe_fp8.dequantize_expert(w13_q, w13_s, i) for i in range(e)])
-    w2 = torch.stack([moe_fp8.dequantize_expert(w2_q, w2_s, i) for i in range(e)])
-    want = moe.fused_moe.reference(x, w13, w2, logits, k, rn)
-    got = OP.reference(x, w13_q, w13_s, w2_q, w2_s, logits, k, rn)
-    rel = ((got - want).norm() / want.norm()).item()
-    assert 1e-4 < rel < 0.08, rel
+    a few percent, and not zero (the activations really are quantized).
+
+    One draw's relative error is heavy-tailed when there are few tokens (one_token_fnuz: median 0.042, 99.9th
+    percentile 0.097 over 6,000 seeds, and 0.13 seen once in CI), so the bound is on the mean of eight draws
+    (largest of 300 eight-draw means: 0.054) with a loose cap on each."""
+    rels = []
+    for _ in range(8):
+        x, w13_q, w13_s, w2_q, w2_s, logits, k, rn = OP.make_inputs(case.params, torch.float32, "cpu", gen)
+        e = w13_q.shape[0]
+        w13 = torch.stack([moe_fp8.dequantize_expert(w13_q, w13_s, i) for i in range(e)])
+        w2 = torch.stack([moe_fp8.dequantize_expert(w2_q, w2_s, i) for i in range(e)])
+        want = moe.fused_moe.reference(x, w13, w2, logits, k, rn)
+        got = OP.reference(x, w13_q, w13_s, w2_q, w2_s, logits, k, rn)
+        rels.append(((got - want).norm() / want.norm()).item())
+    assert min(rels) > 1e-4 and max(rels) < 0.3 and sum(rels) / len(rels) < 0.065, rels
 
 
 def test_activations_on_the_fp8_grid_quantize_exactly(gen):
