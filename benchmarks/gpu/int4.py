@@ -1,6 +1,7 @@
 """GPU benchmark of ``int4_linear`` (GPTQ / AWQ 4-bit weights, platforms/triton_kernels/int4_linear.py) against cuBLAS
 bf16 (``F.linear``) and against the GGUF Q4_1 kernel the same checkpoints ran on before (gguf_linear.py), at the 8B
-decode shapes and M = 1, 4, 16, 64.
+decode shapes and M = 1, 4, 16, 64; and GGUF Q4_0 matrices as the engine runs them where int4_linear has a kernel
+(the same numbers as INT4 groups of 32, models.weights.gguf_as_int4) against the GGUF Q4_0 kernel.
 
 Weights: groups of 128 with zero points (AWQ's and asymmetric GPTQ's layout; 4.19 bits a value with the fp16 scales
 and uint8 zeros, against Q4_1's 5 and bf16's 16). Timing as in quant.py: CUDA-graph replays over weight copies that
@@ -50,7 +51,8 @@ def random_int4(n: int, k: int, group: int, device, gen) -> tuple:
 
 
 def run(sweep: bool | None = None, device: str = "cuda", tiny: bool = False) -> list[dict]:
-    from engine.core.ops.gguf_quant import Q4_1, _gguf_linear_ref
+    from engine.core.models.weights import QuantizedWeight, gguf_as_int4
+    from engine.core.ops.gguf_quant import Q4_0, Q4_1, _gguf_linear_ref
     from engine.core.ops.int4 import _int4_linear_ref
     from engine.platforms.triton_kernels import gguf_linear as gmod
     from engine.platforms.triton_kernels import int4_linear as imod
@@ -75,6 +77,9 @@ def run(sweep: bool | None = None, device: str = "cuda", tiny: bool = False) -> 
         w4 = [random_int4(n, k, group, dev, gen) for _ in range(_buffers(int4_bytes, l2))]
         q41_bytes = n * (k // 32) * 20
         q41 = [_random_gguf(n, k, Q4_1, dev, gen) for _ in range(_buffers(q41_bytes, l2))]
+        q40_bytes = n * (k // 32) * 18
+        q40 = [_random_gguf(n, k, Q4_0, dev, gen) for _ in range(_buffers(q40_bytes, l2))]
+        q40_int4 = [gguf_as_int4(QuantizedWeight(r, Q4_0, n, k)) for r in q40]
         for m in ms:
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16, generator=gen)
             peer_us = _rotating([functools.partial(torch.nn.functional.linear, x, w) for w in w16])
@@ -106,13 +111,24 @@ def run(sweep: bool | None = None, device: str = "cuda", tiny: bool = False) -> 
             q_us = _rotating([functools.partial(gmod.linear, x, r, Q4_1, k) for r in q41])
             rows.append(_row("gguf_q4_1 (before: GPTQ/AWQ ran as this)", f"M={m} {shape_w}", q_us, q41_bytes,
                              "cuBLAS bf16 F.linear", peer_us, "info", peer_us / q_us >= 1.0))
+            q40_ref = _gguf_linear_ref(x, q40[0], Q4_0, k)
+            _check(f"gguf q4_0 as int4 M={m} {shape_w}", imod.int4_linear_triton(
+                x, q40_int4[0].packed, q40_int4[0].scale, None, 32, None), q40_ref, 2e-2)
+            _check(f"gguf q4_0 M={m} {shape_w}", gmod.linear(x, q40[0], Q4_0, k), q40_ref, 2e-2)
+            a_us = _rotating([functools.partial(imod.int4_linear_triton, x, w.packed, w.scale, None, 32, None)
+                              for w in q40_int4])
+            g_us = _rotating([functools.partial(gmod.linear, x, r, Q4_0, k) for r in q40])
+            for name, t_us in (("gguf_q4_0 as int4_w4a16 groups of 32 (the engine's Q4_0 path now)", a_us),
+                               ("gguf_q4_0 (the GGUF kernel: Q4_0 ran as this before)", g_us)):
+                rows.append(_row(name, f"M={m} {shape_w}", t_us, q40_bytes, "cuBLAS bf16 F.linear", peer_us, "info",
+                                 peer_us / t_us >= 1.0))
             if sweep:
                 sweeps = [("gemv", GEMV_SWEEP), ("dot", DOT_M1_SWEEP)] if m <= imod.GEMV_MAX_M else [("dot", DOT_SWEEP)]
                 for kernel, configs in sweeps:
                     rows += _tune_rows(f"int4_w4a16[{kernel}]", f"M={m} {shape_w}",
                                        functools.partial(calls, kernel=kernel), configs[:first], peer_us, int4_bytes,
                                        ref)
-        w16 = w4 = q41 = None
+        w16 = w4 = q41 = q40 = q40_int4 = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return rows

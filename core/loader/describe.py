@@ -20,7 +20,10 @@ def _kind(w) -> str:
     if isinstance(w, QuantizedWeight):
         import gguf
 
-        return f"GGUF {gguf.GGMLQuantizationType(w.qtype).name} blocks"
+        name = gguf.GGMLQuantizationType(w.qtype).name
+        if name == "Q4_0":  # models.weights.native_int4
+            return "GGUF Q4_0 blocks (int4_linear, groups of 32, where the platform has that kernel)"
+        return f"GGUF {name} blocks"
     if isinstance(w, Fp8Weight):
         acts = "static activations" if w.input_scale is not None else (
             "1x128 activation groups" if w.act_group else "per-token activations")

@@ -86,14 +86,22 @@ class Int4Weight:
 Weight = torch.Tensor | QuantizedWeight | Fp8Weight | Nvfp4Weight | Int4Weight
 
 
-def native_int4(weights: dict) -> dict:
-    """``weights`` with each Int4Weight as GGUF blocks where the active platform has no int4_linear kernel (the
-    CPU's native kernels read GGUF blocks); unchanged where it has one."""
+def native_int4(weights: dict, quantize_activations: bool = False) -> dict:
+    """``weights`` with each 4-bit matrix in the form the active platform's kernels read: where it has no
+    int4_linear kernel (the CPU's native kernels read GGUF blocks), each Int4Weight as GGUF blocks; where it has
+    one, each GGUF Q4_0 matrix that a Linear multiplies by as an Int4Weight with groups of 32 (the same numbers, see
+    :func:`gguf_as_int4`), unless ``quantize_activations`` asks for the GGUF kernels' Q8 activations. The token
+    embedding (rows looked up, and the lm_head where tied) and MoE experts (fused_moe_gguf) stay GGUF blocks."""
+    from engine.core.ops.gguf_quant import Q4_0
     from engine.core.ops.int4 import int4_linear
     from engine.core.ops.registry import active_registry
 
     if active_registry().implementations(int4_linear):
-        return weights
+        if quantize_activations:
+            return weights
+        return {name: gguf_as_int4(w) if isinstance(w, QuantizedWeight) and w.qtype == Q4_0
+                and name != "model.embed_tokens.weight" and ".experts." not in name else w
+                for name, w in weights.items()}
     out = {}
     for name, w in weights.items():
         try:
@@ -101,6 +109,21 @@ def native_int4(weights: dict) -> dict:
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from exc
     return out
+
+
+def gguf_as_int4(w: QuantizedWeight) -> Int4Weight:
+    """A GGUF Q4_0 matrix as an Int4Weight, exactly: each block of 32 is a group (its fp16 ``d`` the scale, zero 8);
+    the block's codes (element j in the low nibble of byte j, element j + 16 in the high one) repacked in K order."""
+    from engine.core.ops.gguf_quant import BLOCK, Q4_0
+    from engine.core.ops.int4 import pack_codes
+
+    if w.qtype != Q4_0:
+        raise ValueError(f"only GGUF Q4_0 blocks are INT4 groups exactly, got quantization type {w.qtype}")
+    blocks = w.raw.reshape(w.rows, w.cols // BLOCK, 2 + BLOCK // 2)
+    scale = blocks[..., :2].contiguous().view(torch.float16).reshape(w.rows, -1)
+    qs = blocks[..., 2:]
+    codes = torch.cat([qs & 0xF, qs >> 4], dim=-1).reshape(w.rows, w.cols)
+    return Int4Weight(pack_codes(codes), scale.contiguous(), None, BLOCK)
 
 
 def int4_as_gguf(w: Int4Weight) -> QuantizedWeight:

@@ -152,3 +152,34 @@ def test_sentencepiece_vocabulary_matches_transformers(tmp_path):
         for skip in (True, False):
             assert ours.decode(ids, skip_special_tokens=skip) == hf_tok.decode(ids, skip_special_tokens=skip)
     assert ours.decode(ours.encode("ünïcödé ✓ 🙂")) == "ünïcödé ✓ 🙂"  # through byte fallback
+
+
+def test_q4_0_linears_run_int4_linear_where_the_platform_has_it(tmp_path):
+    """A Q4_0 GGUF on a platform with an int4_linear kernel (the cpu platform plus the Triton kernel under the
+    interpreter): every Q4_0 projection runs as INT4 groups of 32 and the logits match transformers' on the same
+    file (which dequantizes it), as they do on the cpu platform's GGUF kernels."""
+    from engine import LLM
+    from engine.core.models.weights import Int4Weight
+    from engine.platforms.triton_kernels.int4_linear import int4_linear_triton
+    from tests.core.loader.test_hf_int4 import CpuWithTritonInt4
+
+    tok = byte_level_gguf_tokenizer("gpt-2")
+    model = tiny_model("llama", len(tok["tokens"]))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.3)  # logits of a size where 1e-4 is a tight check
+    path = write_gguf(tmp_path / "m.gguf", "llama", model.state_dict(), model.config, tokenizer=tok,
+                      qtype=lambda n, a: Q.Q4_0 if "embed" not in n else Q.F32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(int.from_bytes(np.random.bytes(4), "little"))
+    ids = torch.randint(0, len(tok["tokens"]), (23,), generator=gen).tolist()
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0].float()
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=16, block_size=16, platform=CpuWithTritonInt4(),
+              activation_quant="none")
+    layer = llm.model.layers[0]
+    assert isinstance(layer.mlp.down.w, Int4Weight) and isinstance(layer.attn.qkv_proj.w, Int4Weight)
+    assert isinstance(llm.model.lm_head_site.w, Int4Weight)
+    torch.testing.assert_close(llm.prompt_logits(ids).cpu(), want, atol=1e-4, rtol=1e-4)
+    chosen = layer.mlp.down.site.chosen()
+    assert chosen and all(f is int4_linear_triton for f in chosen.values()), chosen

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from engine.core.models.layers import stack_int4
-from engine.core.models.weights import Int4Weight, dense_weight, int4_as_gguf
+from engine.core.models.weights import (
+    Int4Weight,
+    QuantizedWeight,
+    dense_weight,
+    gguf_as_int4,
+    int4_as_gguf,
+    native_int4,
+)
 from engine.core.ops.gguf_quant import Q4_0, Q4_1, gguf_dequantize
 from engine.core.ops.int4 import _int4_linear_inputs, _int4_linear_ref, pack_codes
 from engine.core.ops.nvfp4 import unpack as unpack_codes
@@ -85,7 +92,6 @@ def test_native_int4_names_the_matrix_it_cannot_convert(seed):
     """On the CPU platform (no int4_linear kernel) every Int4Weight becomes GGUF blocks at load; one whose bf16 scales
     fp16 cannot hold is refused with its name and the way out."""
     from engine.core import plugins
-    from engine.core.models.weights import QuantizedWeight, native_int4
 
     plugins.activate("cpu")
     good, bad = _weight(8, 64, 32, True, seed), _weight(8, 64, 32, False, seed, sdt=torch.bfloat16)
@@ -94,3 +100,49 @@ def test_native_int4_names_the_matrix_it_cannot_convert(seed):
     bad.scale[0, 0] = 1e30
     with pytest.raises(ValueError, match="b.weight: .*int4_linear kernel"):
         native_int4({"b.weight": bad})
+
+
+def _random_q4_0(rows: int, cols: int, seed: int) -> QuantizedWeight:
+    """GGUF Q4_0 blocks with random codes and random fp16 scales of both signs (every one finite)."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (rows, cols // 32, 18), generator=gen, dtype=torch.uint8)
+    d = (torch.randn(rows, cols // 32, generator=gen) * 0.02).half()
+    blocks[..., :2] = d[..., None].view(torch.uint8)
+    return QuantizedWeight(blocks.reshape(rows, -1), Q4_0, rows, cols)
+
+
+@pytest.mark.parametrize("shape", [(8, 32), (24, 256), (5, 96)])
+def test_gguf_q4_0_is_an_int4_weight_exactly(shape, seed):
+    q = _random_q4_0(*shape, seed)
+    w = gguf_as_int4(q)
+    assert w.shape == shape and w.group_size == 32 and w.zero is None and w.scale.dtype == torch.float16
+    assert torch.equal(dense_weight(w, torch.float32), gguf_dequantize.reference(q.raw, Q4_0, q.cols, torch.float32))
+    assert torch.equal(int4_as_gguf(w).raw, q.raw)  # and back to the same bytes
+
+
+def test_only_q4_0_becomes_int4(seed):
+    w = int4_as_gguf(_weight(8, 64, 32, True, seed))
+    assert w.qtype == Q4_1
+    with pytest.raises(ValueError, match="only GGUF Q4_0"):
+        gguf_as_int4(w)
+
+
+def test_native_int4_keeps_q4_0_linears_as_int4_where_the_platform_has_the_kernel(seed):
+    """A platform with an int4_linear kernel reads each Q4_0 matrix a Linear multiplies by as INT4 groups of 32; the
+    token embedding, MoE experts, other block types and Q8-activation models keep their GGUF blocks."""
+    from engine.core import plugins
+    from tests.core.loader.test_hf_int4 import CpuWithTritonInt4
+
+    plugins.activate(CpuWithTritonInt4())
+    try:
+        q = _random_q4_0(8, 64, seed)
+        q41 = int4_as_gguf(_weight(8, 64, 32, True, seed))
+        names = ["model.layers.0.mlp.down_proj.weight", "lm_head.weight", "model.embed_tokens.weight",
+                 "model.layers.0.mlp.experts.3.up_proj.weight", "model.layers.0.self_attn.q_proj.weight"]
+        ws = dict(zip(names, [q, q, q, q, q41], strict=True))
+        out = native_int4(ws)
+        assert [type(out[n]) for n in names] == [Int4Weight, Int4Weight, QuantizedWeight, QuantizedWeight,
+                                                 QuantizedWeight]
+        assert native_int4(ws, quantize_activations=True) == ws
+    finally:
+        plugins.activate("cpu")
