@@ -95,10 +95,10 @@ def run(sweep: bool | None = None, device: str = "cuda", tiny: bool = False) -> 
             rows.append(_row("int4_w4a16", f"M={m} {shape_w}", us, int4_bytes, "cuBLAS bf16 F.linear", peer_us, goal,
                              peer_us / us >= (GOAL_M1 if m == 1 else 1.0)))
             # the alternatives the defaults were chosen against: tensor cores at decode sizes, the dot without PTX
-            others = []
             if m <= imod.GEMV_MAX_M:
                 others = [("dot", None), ("gemv", {"mantissa": m > imod.GEMV_MANTISSA_MAX_M})]
-            others += [("dot", {"asm": False})]
+            else:  # the PTX decode, the plane-pair dots (against session 26's K-ordered tile), scales a step ahead
+                others = [("dot", {"asm": False}), ("dot", {"planes": False, "asm": False}), ("dot", {"ahead": True})]
             for kernel, config in others:
                 _check(f"int4 {kernel} {config} M={m} {shape_w}",
                        imod.int4_linear_triton(x, *w4[0], None, kernel=kernel, config=config), ref, 2e-2)

@@ -48,10 +48,13 @@ GEMV_MANTISSA_MAX_M = 1
 PROGRAMS_PER_SM = 8
 MIN_SPLIT_BLOCK_B = 32
 DOT_PROGRAMS_PER_SM = 4
-# 16-bit x: the words decoded by inline PTX into packed 16-bit pairs (sm_90). Correct on an H100 (2026-12-07) but no
-# faster (135.8 against 136.2 us at M = 16 on 28672 x 4096: the decode does not bound the tile), and it rounds the scale
-# to x's dtype first: off by default, kept for the tile sweep to come
-DOT_ASM = False
+# 16-bit x on sm_90: the words decoded by inline PTX into packed 16-bit pairs (2 instructions a value against ~4.5
+# through fp32; it rounds the scale to x's dtype first). With the K-ordered tile it was correct on an H100 and no faster
+# (135.8 against 136.2 us at M = 16 on 28672 x 4096, 2026-12-07): the layout conversions bounded that tile. With the
+# plane-pair dots (DOT_PLANES) a step is 366 SASS instructions a warp against 554 through fp32 and 601 before (sm_90,
+# BLOCK 128 x 64 x 16 words, counted offline 2026-12-08)
+DOT_ASM = True
+DOT_PLANES = True
 INTERPRETER_SMS = 4  # a small fake SM count under the interpreter, so the split-K paths run in CI
 
 
@@ -206,16 +209,39 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
 
 
 @triton.jit
-def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, KW, WPG, stride_xm, stride_wn,
-                stride_sn, stride_zn, stride_om, words_per_split, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
-                SPLIT: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_T: tl.constexpr, ASM: tl.constexpr = False, ONE_GROUP: tl.constexpr = False):
+def _pair_dot(acc, lo, hi, xp, mmask, DT: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + [lo, hi interleaved along K] @ x^T rows at ``xp`` ([2 BLOCK_T, BLOCK_M] pointers): x's dtype operands,
+    fp32 accumulation."""
+    BN: tl.constexpr = lo.shape[0]
+    T: tl.constexpr = lo.shape[1]
+    a = tl.reshape(tl.join(lo.to(DT), hi.to(DT)), [BN, 2 * T])
+    xt = tl.load(xp, mask=mmask[None, :], other=0.0)
+    if INTERPRET:  # the interpreter's 16-bit dot is wrong; fp32 tiles (of the rounded values) are right
+        acc = tl.dot(a.to(tl.float32), xt.to(tl.float32), acc)
+    elif DT == tl.float32:
+        acc = tl.dot(a, xt, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, xt, acc)
+    return acc
+
+
+@triton.jit
+def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, KW, stride_xm, stride_wn, stride_sn,
+                stride_zn, stride_om, words_per_split, WPG: tl.constexpr, HAS_ZERO: tl.constexpr,
+                HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, ASM: tl.constexpr = False,
+                ONE_GROUP: tl.constexpr = False, PLANES: tl.constexpr = False, AHEAD: tl.constexpr = False):
     """Tensor cores, swap AB: out^T [BLOCK_N, BLOCK_M] += W [BLOCK_N, 8 BLOCK_T] @ x^T over int32 words (8 codes
     each) [N, KW]; WPG is words per group. Program (pid_n, pid_m, pid_k) covers words pid_k * words_per_split ..;
     with SPLIT, fp32 partials go to part_ptr [splits, M, N]. ASM (16-bit x; never under the interpreter): the words
     are decoded by inline PTX into 16-bit pairs (:func:`_asm_decode_text`), the scale rounded to x's dtype first.
     ONE_GROUP: every K step lies in one group (WPG a multiple of BLOCK_T, and splits on step boundaries), so the
-    scale and zero are loaded once per row and step ([BLOCK_N, 1]) instead of once per word."""
+    scale and zero are loaded once per row and step ([BLOCK_N, 1]) instead of once per word; AHEAD: a step ahead
+    (the loads' latency hidden, at the cost of a layout conversion through shared memory a step: 4 more barriers).
+    PLANES: x comes permuted by :func:`plane_order` and every split is whole steps (no K mask): a step is four dots,
+    each on two nibble planes joined along K (as the PTX decode leaves them in one register); otherwise the eight
+    planes are interleaved back into K order for one dot against x as it is (layout conversions through shared
+    memory: ~1.6x the instructions a step, sm_90 SASS, 2026-12-08)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -233,12 +259,22 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, K
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     t_start = pid_k * words_per_split
     t_end = tl.minimum(t_start + words_per_split, KW)
+    if ONE_GROUP and AHEAD:  # the first step's group; each step loads the next one's before its own decode
+        s_next, c_next = _group_params(s_rows, z_rows, t_start // WPG, rmask[:, None], HAS_ZERO)
     for k0w in range(t_start, t_end, BLOCK_T):
         t = k0w + tt
-        m2 = rmask[:, None] & (t < t_end)[None, :]
+        if PLANES:
+            m2 = rmask[:, None]
+        else:
+            m2 = rmask[:, None] & (t < t_end)[None, :]
         w = tl.load(w_rows + t[None, :], mask=m2, other=0)
-        if ONE_GROUP:
+        if ONE_GROUP and not AHEAD:
             s, c = _group_params(s_rows, z_rows, k0w // WPG, rmask[:, None], HAS_ZERO)
+        elif ONE_GROUP:
+            s, c = s_next, c_next
+            # the last step loads its own group again (in bounds) rather than masking a scalar condition
+            s_next, c_next = _group_params(s_rows, z_rows, tl.minimum(k0w + BLOCK_T, t_end - 1) // WPG,
+                                           rmask[:, None], HAS_ZERO)
         else:
             s, c = _group_params(s_rows, z_rows, (t // WPG)[None, :], m2, HAS_ZERO)
         if ASM:
@@ -247,19 +283,27 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, K
                 zm = (s * 0.0 + (c - 8388480.0)).to(DT)  # 128 + zero, as a tile even where c is a constant
             else:
                 zm = (s * 0.0 + (c - 8387584.0)).to(DT)  # 1024 + zero
-            p0, p1, p2, p3, p4, p5, p6, p7 = _decode_asm(w, zm, s.to(DT))
-            a = _k_order(p0, p1, p2, p3, p4, p5, p6, p7)
+            v0, v1, v2, v3, v4, v5, v6, v7 = _decode_asm(w, zm, s.to(DT))
         else:
             v0, v1, v2, v3, v4, v5, v6, v7 = _planes(w, c)
-            a = _k_order(v0 * s, v1 * s, v2 * s, v3 * s, v4 * s, v5 * s, v6 * s, v7 * s)  # [BN, 8T] in K order
-        kk = k0w * 8 + tl.arange(0, 8 * BLOCK_T)
-        xt = tl.load(x_cols + kk[:, None], mask=(kk < t_end * 8)[:, None] & mmask[None, :], other=0.0)
-        if INTERPRET:  # the interpreter's 16-bit dot is wrong; fp32 tiles (of the rounded values) are right
-            acc = tl.dot(a.to(DT).to(tl.float32), xt.to(tl.float32), acc)
-        elif DT == tl.float32:
-            acc = tl.dot(a, xt, acc, input_precision="ieee")
+            v0, v1, v2, v3, v4, v5, v6, v7 = v0 * s, v1 * s, v2 * s, v3 * s, v4 * s, v5 * s, v6 * s, v7 * s
+        if PLANES:
+            # x^T rows (8t + e, 8t + e + 4) for t = 0 .. BLOCK_T - 1 are the contiguous run 2 e BLOCK_T ..
+            xp = x_cols + (k0w * 8 + tl.arange(0, 2 * BLOCK_T))[:, None]
+            acc = _pair_dot(acc, v0, v4, xp, mmask, DT, INTERPRET)
+            acc = _pair_dot(acc, v1, v5, xp + 2 * BLOCK_T, mmask, DT, INTERPRET)
+            acc = _pair_dot(acc, v2, v6, xp + 4 * BLOCK_T, mmask, DT, INTERPRET)
+            acc = _pair_dot(acc, v3, v7, xp + 6 * BLOCK_T, mmask, DT, INTERPRET)
         else:
-            acc = tl.dot(a.to(DT), xt, acc)
+            a = _k_order(v0, v1, v2, v3, v4, v5, v6, v7)  # [BN, 8T] in K order
+            kk = k0w * 8 + tl.arange(0, 8 * BLOCK_T)
+            xt = tl.load(x_cols + kk[:, None], mask=(kk < t_end * 8)[:, None] & mmask[None, :], other=0.0)
+            if INTERPRET:  # the interpreter's 16-bit dot is wrong; fp32 tiles (of the rounded values) are right
+                acc = tl.dot(a.to(DT).to(tl.float32), xt.to(tl.float32), acc)
+            elif DT == tl.float32:
+                acc = tl.dot(a, xt, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a.to(DT), xt, acc)
     omask = rmask[:, None] & mmask[None, :]
     if SPLIT:
         tl.store(part_ptr + (pid_k * M + ms.to(tl.int64))[None, :] * N + rows[:, None], acc, mask=omask)
@@ -268,6 +312,13 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, K
             acc += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
         tl.store(out_ptr + ms.to(tl.int64)[None, :] * stride_om + rows[:, None], acc.to(out_ptr.dtype.element_ty),
                  mask=omask)
+
+
+def plane_order(x: torch.Tensor, block_t: int) -> torch.Tensor:
+    """x [M, K] with each run of 8 * block_t columns (one dot step) reordered for PLANES: the columns 8t + e and
+    8t + e + 4 (t < block_t, e < 4) go to 2 e block_t + 2 t and the one after. K must be whole steps."""
+    m, k = x.shape
+    return x.reshape(m, k // (8 * block_t), block_t, 2, 4).permute(0, 1, 4, 2, 3).reshape(m, k)
 
 
 def gemv_config(n: int, m: int, sms: int) -> tuple[int, int, int, int]:
@@ -355,12 +406,16 @@ def int4_linear_triton(x, w_packed, w_scale, w_zero, group_size, bias=None, *, k
         per_split = triton.cdiv(steps, max(1, min(cfg["splits"], steps))) * dc["block_t"]
         splits = triton.cdiv(kw, per_split)
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    planes = bool(dc.get("planes", DOT_PLANES)) and kw % per_split == 0 and per_split % dc["block_t"] == 0
+    if planes:
+        x = plane_order(x, dc["block_t"])
     _dot_kernel[(triton.cdiv(n, dc["block_n"]), triton.cdiv(m, dc["block_m"]), splits)](
-        x, words, w_scale, zero, bias_arg, out, part, m, n, kw, group_size // 8, x.stride(0), words.stride(0),
-        w_scale.stride(0), zero.stride(0), out.stride(0), per_split, HAS_ZERO=has_zero, HAS_BIAS=has_bias,
+        x, words, w_scale, zero, bias_arg, out, part, m, n, kw, x.stride(0), words.stride(0), w_scale.stride(0),
+        zero.stride(0), out.stride(0), per_split, WPG=group_size // 8, HAS_ZERO=has_zero, HAS_BIAS=has_bias,
         SPLIT=splits > 1, INTERPRET=interpreting(), BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"],
         BLOCK_T=dc["block_t"], ASM=bool(dc.get("asm", DOT_ASM)) and x.element_size() == 2 and ptx_sm90(x.device),
-        ONE_GROUP=(group_size // 8) % dc["block_t"] == 0 and per_split % dc["block_t"] == 0,
+        ONE_GROUP=(group_size // 8) % dc["block_t"] == 0 and per_split % dc["block_t"] == 0, PLANES=planes,
+        AHEAD=bool(dc.get("ahead", False)),
         num_warps=dc["num_warps"], num_stages=dc["num_stages"])
     return splitk_reduce(part, bias, out) if splits > 1 else out
 

@@ -115,8 +115,9 @@ def test_dot_ptx_decode(m, zero, dtype, seed):
     if not kmod.ptx_sm90(torch.device(DEVICE)):
         pytest.skip("inline PTX runs on NVIDIA GPUs of compute capability >= 9.0 only (not under the interpreter)")
     args = _inputs(m, 136, 512, 128, dtype, seed, zero=zero, bias=True)
-    _check(args, dtype, kernel="dot", config={"asm": True})
-    _check(args, dtype, kernel="dot", config={"asm": False})
+    for planes in (True, False):
+        _check(args, dtype, kernel="dot", config={"asm": True, "planes": planes})
+        _check(args, dtype, kernel="dot", config={"asm": False, "planes": planes})
 
 
 def test_ptx_gate_off_a_gpu():
@@ -146,3 +147,33 @@ def test_dot_one_group_per_step_and_not(group, seed):
     for splits in (1, 3):
         args = _inputs(20, 40, 1024, group, torch.float32, seed, zero=True, bias=True)
         _check(args, torch.float32, kernel="dot", config={"splits": splits, "block_t": 16})
+
+
+def test_plane_order_puts_nibble_pairs_together(seed):
+    """plane_order: in each run of 8 T columns, columns 8t + e and 8t + e + 4 go to 2 e T + 2 t and the one after."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 256, generator=gen)
+    for t in (4, 16):
+        got = kmod.plane_order(x, t)
+        for step in range(256 // (8 * t)):
+            for e in range(4):
+                for j in range(t):
+                    for h in range(2):
+                        assert torch.equal(got[:, step * 8 * t + 2 * e * t + 2 * j + h],
+                                           x[:, step * 8 * t + 8 * j + e + 4 * h])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("zero", [False, True])
+@pytest.mark.parametrize("planes,ahead", [(True, False), (True, True), (False, False), (False, True)])
+def test_dot_plane_pairs_and_k_order(planes, ahead, zero, dtype, seed):
+    """The tensor-core step both ways (four dots on plane pairs against x in plane_order, or the planes put back in K
+    order), with and without the scales loaded a step ahead; K of whole steps, split K, and a K that is not whole
+    steps (always K order)."""
+    cfg = {"planes": planes, "ahead": ahead, "block_t": 16}
+    for m, k, group, splits in ((20, 1024, 128, 1), (20, 1024, 128, 2), (7, 384, 64, 1), (33, 320, 32, 1)):
+        args = list(_inputs(m, 48, k, group, dtype, seed, zero=zero, bias=True))
+        if k == 1024:  # every code against every zero point
+            codes = torch.arange(48 * k, device=DEVICE).remainder(16).reshape(48, k).to(torch.uint8)
+            args[1] = codes[:, 0::2] | (codes[:, 1::2] << 4)
+        _check(tuple(args), dtype, kernel="dot", config={**cfg, "splits": splits})
