@@ -59,33 +59,34 @@ INTERPRETER_SMS = 4  # a small fake SM count under the interpreter, so the split
 
 
 @triton.jit
-def _minus(w, SHIFT: tl.constexpr, c):
+def _minus(w, SHIFT: tl.constexpr, c, magic):
     """fp32 ``code - zero`` of the nibble at SHIFT of int32 words ``w``, where ``c`` is 2**23 + zero."""
-    return (((w >> SHIFT) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - c
+    return (((w >> SHIFT) & 0xF) | magic).to(tl.float32, bitcast=True) - c
 
 
 @triton.jit
-def _planes(w, c):
+def _planes(w, c, magic=0x4B000000):
     """int32 words of 8 codes (element e at bits 4e) -> the 8 planes ``code - zero`` (fp32, exact)."""
-    return (_minus(w, 0, c), _minus(w, 4, c), _minus(w, 8, c), _minus(w, 12, c), _minus(w, 16, c),
-            _minus(w, 20, c), _minus(w, 24, c), _minus(w, 28, c))
+    return (_minus(w, 0, c, magic), _minus(w, 4, c, magic), _minus(w, 8, c, magic), _minus(w, 12, c, magic),
+            _minus(w, 16, c, magic), _minus(w, 20, c, magic), _minus(w, 24, c, magic), _minus(w, 28, c, magic))
 
 
 @triton.jit
-def _masked(w, MASK: tl.constexpr, c):
+def _masked(w, MASK: tl.constexpr, c, magic):
     """fp32 ``(w & MASK) + 2**23 - c``: one nibble left where it sits in the mantissa, exact."""
-    return ((w & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - c
+    return ((w & MASK) | magic).to(tl.float32, bitcast=True) - c
 
 
 @triton.jit
-def _mantissa_planes(w, c0, c1, c2, c3, c4):
+def _mantissa_planes(w, c0, c1, c2, c3, c4, magic):
     """int32 words of 8 codes -> the 8 planes ``(code - zero) * 2**(4 e')`` with e' = 0, 1, 2, 3, 4, 1, 2, 3 (exact),
     where ``c_j = 2**23 + zero * 2**(4 j)``: each nibble is masked in place into the mantissa of 2**23 (one lop3), the
     top three after one shift of the word; no shift per value. The x values take the 2**-(4 e') instead
     (nvfp4._gemv_block's X_SHIFT), once per value for all the tile's rows."""
     h = w >> 16
-    return (_masked(w, 0xF, c0), _masked(w, 0xF0, c1), _masked(w, 0xF00, c2), _masked(w, 0xF000, c3),
-            _masked(w, 0xF0000, c4), _masked(h, 0xF0, c1), _masked(h, 0xF00, c2), _masked(h, 0xF000, c3))
+    return (_masked(w, 0xF, c0, magic), _masked(w, 0xF0, c1, magic), _masked(w, 0xF00, c2, magic),
+            _masked(w, 0xF000, c3, magic), _masked(w, 0xF0000, c4, magic), _masked(h, 0xF0, c1, magic),
+            _masked(h, 0xF00, c2, magic), _masked(h, 0xF000, c3, magic))
 
 
 @triton.jit
@@ -171,6 +172,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
     x2_row = x_ptr + tl.minimum(2, M - 1) * stride_xm
     x3_row = x_ptr + tl.minimum(3, M - 1) * stride_xm
     bb = tl.arange(0, BLOCK_B)[:, None] + ZERO
+    magic = ZERO + 0x4B000000  # 2**23's bits as a register value: the mask is then each lop3's one immediate
     for k0 in range(b_start, b_end, BLOCK_B):
         blks = k0 + bb
         # The hint gives the group index the contiguity of the unit index (its divisibility stays 1 through ZERO, so
@@ -189,11 +191,11 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
             s, c = _group_params(s_rows, z_rows, g, m2, HAS_ZERO)
         if MANTISSA:
             c0, c1, c2, c3, c4 = _mantissa_offsets(c)
-            a0, a1, a2, a3, a4, a5, a6, a7 = _mantissa_planes(w.to(tl.int32), c0, c1, c2, c3, c4)
-            b0, b1, b2, b3, b4, b5, b6, b7 = _mantissa_planes((w >> 32).to(tl.int32), c0, c1, c2, c3, c4)
+            a0, a1, a2, a3, a4, a5, a6, a7 = _mantissa_planes(w.to(tl.int32), c0, c1, c2, c3, c4, magic)
+            b0, b1, b2, b3, b4, b5, b6, b7 = _mantissa_planes((w >> 32).to(tl.int32), c0, c1, c2, c3, c4, magic)
         else:
-            a0, a1, a2, a3, a4, a5, a6, a7 = _planes(w.to(tl.int32), c)
-            b0, b1, b2, b3, b4, b5, b6, b7 = _planes((w >> 32).to(tl.int32), c)
+            a0, a1, a2, a3, a4, a5, a6, a7 = _planes(w.to(tl.int32), c, magic)
+            b0, b1, b2, b3, b4, b5, b6, b7 = _planes((w >> 32).to(tl.int32), c, magic)
         acc0 += _gemv_block(x_ptr, blks, bmask, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
                             MANTISSA) * s
         if BLOCK_M > 1:
