@@ -252,6 +252,13 @@ def run(tune: bool | None = None, device: str = "cuda", tiny: bool = False) -> l
                                  f"M={m} {shape_w}", us, nvfp4_bytes, "cuBLAS bf16 F.linear", peer_us,
                                  f"ratio >= {GOAL_RATIO}" if is_default else "info: the other kernel",
                                  peer_us / us >= GOAL_RATIO))
+            if m > nmod.GEMV_MAX_M:  # the plane-pair dots (x in plane_order) on the default tile
+                pairs = {"pairs": True, "asm": True}
+                _check(f"nvfp4 dot pairs M={m} {shape_w}",
+                       nmod.w4a16_linear(x, *wq[0], None, kernel="dot", config=pairs), ref, 2e-2)
+                us = _rotating(_nvfp4_calls(nmod, x, wq, "dot", pairs))
+                rows.append(_row("nvfp4_w4a16[dot pairs] (not the default)", f"M={m} {shape_w}", us, nvfp4_bytes,
+                                 "cuBLAS bf16 F.linear", peer_us, "info", peer_us / us >= GOAL_RATIO))
             if tune:
                 if m == 1:
                     rows += _tune_rows("nvfp4_w4a16[gemv]", f"M={m} {shape_w}",

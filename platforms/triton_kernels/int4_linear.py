@@ -25,7 +25,9 @@ from engine.platforms.triton_kernels.nvfp4 import (
     _gemv_block,
     _gemv_store,
     _k_order,
+    _pair_dot,
     gemv_plan,
+    plane_order,
     split_plan,
     splitk_reduce,
 )
@@ -215,23 +217,6 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
 
 
 @triton.jit
-def _pair_dot(acc, lo, hi, xp, mmask, DT: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + [lo, hi interleaved along K] @ x^T rows at ``xp`` ([2 BLOCK_T, BLOCK_M] pointers): x's dtype operands,
-    fp32 accumulation."""
-    BN: tl.constexpr = lo.shape[0]
-    T: tl.constexpr = lo.shape[1]
-    a = tl.reshape(tl.join(lo.to(DT), hi.to(DT)), [BN, 2 * T])
-    xt = tl.load(xp, mask=mmask[None, :], other=0.0)
-    if INTERPRET:  # the interpreter's 16-bit dot is wrong; fp32 tiles (of the rounded values) are right
-        acc = tl.dot(a.to(tl.float32), xt.to(tl.float32), acc)
-    elif DT == tl.float32:
-        acc = tl.dot(a, xt, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, xt, acc)
-    return acc
-
-
-@triton.jit
 def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, KW, stride_xm, stride_wn, stride_sn,
                 stride_zn, stride_om, words_per_split, WPG: tl.constexpr, HAS_ZERO: tl.constexpr,
                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -318,13 +303,6 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, K
             acc += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
         tl.store(out_ptr + ms.to(tl.int64)[None, :] * stride_om + rows[:, None], acc.to(out_ptr.dtype.element_ty),
                  mask=omask)
-
-
-def plane_order(x: torch.Tensor, block_t: int) -> torch.Tensor:
-    """x [M, K] with each run of 8 * block_t columns (one dot step) reordered for PLANES: the columns 8t + e and
-    8t + e + 4 (t < block_t, e < 4) go to 2 e block_t + 2 t and the one after. K must be whole steps."""
-    m, k = x.shape
-    return x.reshape(m, k // (8 * block_t), block_t, 2, 4).permute(0, 1, 4, 2, 3).reshape(m, k)
 
 
 def gemv_config(n: int, m: int, sms: int) -> tuple[int, int, int, int]:

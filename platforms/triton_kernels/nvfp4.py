@@ -483,6 +483,23 @@ def _dot_step(acc, v, s, xp, xmask, DT: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _pair_dot(acc, lo, hi, xp, mmask, DT: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + [lo, hi interleaved along K] @ x^T rows at ``xp`` ([2 BLOCK_T, BLOCK_M] pointers): x's dtype operands,
+    fp32 accumulation."""
+    BN: tl.constexpr = lo.shape[0]
+    T: tl.constexpr = lo.shape[1]
+    a = tl.reshape(tl.join(lo.to(DT), hi.to(DT)), [BN, 2 * T])
+    xt = tl.load(xp, mask=mmask[None, :], other=0.0)
+    if INTERPRET:  # the interpreter's 16-bit dot is wrong; fp32 tiles (of the rounded values) are right
+        acc = tl.dot(a.to(tl.float32), xt.to(tl.float32), acc)
+    elif DT == tl.float32:
+        acc = tl.dot(a, xt, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, xt, acc)
+    return acc
+
+
+@triton.jit
 def _k_order(v0, v1, v2, v3, v4, v5, v6, v7):
     """Eight [BN, T] planes (plane e holds elements 8t + e) as one [BN, 8T] tile in element order."""
     BN: tl.constexpr = v0.shape[0]
@@ -497,7 +514,7 @@ def _k_order(v0, v1, v2, v3, v4, v5, v6, v7):
 def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, KW, stride_xm, stride_wn, stride_sn,
                 stride_om, words_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, KORDER: tl.constexpr,
-                ASM: tl.constexpr = False, SBLK: tl.constexpr = False):
+                ASM: tl.constexpr = False, SBLK: tl.constexpr = False, PAIRS: tl.constexpr = False):
     """Tensor cores, swap AB: out^T tile [BLOCK_N, BLOCK_M] += W [BLOCK_N, K step] @ x^T [K step, BLOCK_M]. A K step
     is BLOCK_T words; it is eight dots, one per nibble position e, against the x^T rows 8t + e (the order of the terms
     of a dot product is free, so the codes are never interleaved back into K order). Program (pid_n, pid_m, pid_k)
@@ -508,7 +525,9 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
     straight into scaled 16-bit pairs. SBLK (KORDER only): the block scales are loaded once per block
     ([BLOCK_N, BLOCK_T / 2]) and widened to the words by a join, not loaded once per word. With the plane-wise dots
     (KORDER off) SBLK computed wrong results on the H200 (Triton 3.6, 2026-12-01; right under the interpreter), so
-    the host never asks for that pair."""
+    the host never asks for that pair. PAIRS (x in :func:`plane_order`, splits of whole steps): four dots a step, each
+    on the codes e and e + 4 of every word joined along K, against x^T's contiguous rows; with ASM those are the
+    PTX's register pairs as they come."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -538,7 +557,20 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, bias_ptr, out_ptr, part_ptr, M, N, 
             s = tl.reshape(tl.join(sh, sh), [BLOCK_N, BLOCK_T])
         else:
             s = _scale_bits(tl.load(s_rows + (t // 2)[None, :], mask=m2, other=0).to(tl.int32)) * 1.329227995784916e36
-        if ASM:
+        if PAIRS:
+            # x comes in plane_order and every split is whole steps: four dots on the code pairs (e, e + 4) that one
+            # register of the PTX decode holds, nothing interleaved (see int4_linear's PLANES)
+            if ASM:
+                p0, p1, p2, p3, p4, p5, p6, p7 = _decode_scaled_asm(w, (s * _asm_scale_factor(DT)).to(DT))
+            else:
+                p0, p1, p2, p3, p4, p5, p6, p7 = _decode_words(w)
+                p0, p1, p2, p3, p4, p5, p6, p7 = p0 * s, p1 * s, p2 * s, p3 * s, p4 * s, p5 * s, p6 * s, p7 * s
+            xq = x_cols + (k0w * 8 + tl.arange(0, 2 * BLOCK_T))[:, None]
+            acc = _pair_dot(acc, p0, p4, xq, mmask, DT, INTERPRET)
+            acc = _pair_dot(acc, p1, p5, xq + 2 * BLOCK_T, mmask, DT, INTERPRET)
+            acc = _pair_dot(acc, p2, p6, xq + 4 * BLOCK_T, mmask, DT, INTERPRET)
+            acc = _pair_dot(acc, p3, p7, xq + 6 * BLOCK_T, mmask, DT, INTERPRET)
+        elif ASM:
             # planes of e2m1 * scale * 2**-10 (bf16) / 2**-7 (fp16), exact; see _asm_scale_factor
             p0, p1, p2, p3, p4, p5, p6, p7 = _decode_scaled_asm(w, (s * _asm_scale_factor(DT)).to(DT))
             kk = k0w * 8 + tl.arange(0, 8 * BLOCK_T)
@@ -654,6 +686,14 @@ def split_plan(programs: int, steps: int, step: int, sms: int, per_sm: int) -> t
     return triton.cdiv(steps * step, per_split), per_split
 
 
+def plane_order(x: torch.Tensor, block_t: int) -> torch.Tensor:
+    """x [M, K] with each run of 8 * block_t columns (one dot step) reordered for the plane-pair dots (this module's
+    PAIRS, int4_linear's PLANES): the columns 8t + e and 8t + e + 4 (t < block_t, e < 4) go to 2 e block_t + 2 t and
+    the one after. K must be whole steps."""
+    m, k = x.shape
+    return x.reshape(m, k // (8 * block_t), block_t, 2, 4).permute(0, 1, 4, 2, 3).reshape(m, k)
+
+
 def dot_config(m: int, dtype: torch.dtype) -> dict:
     """Tensor-core tile for M rows of x (fp32 x, an IEEE fp32 dot, takes a smaller tile: the big one spills)."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
@@ -729,13 +769,18 @@ def w4a16_linear(x, w_packed, w_block_scale, w_global_scale, bias=None, *, kerne
         per_split = triton.cdiv(steps, max(1, min(cfg["splits"], steps))) * dc["block_t"]
         splits = triton.cdiv(kw, per_split)
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    pairs = bool(dc.get("pairs")) and kw % per_split == 0 and per_split % dc["block_t"] == 0
+    if pairs:
+        x = plane_order(x, dc["block_t"])
+    korder = dc["korder"] and not pairs
     _dot_kernel[(triton.cdiv(n, dc["block_n"]), triton.cdiv(m, dc["block_m"]), splits)](
         x, words, scales, gs, bias_arg, out, part, m, n, kw, x.stride(0), words.stride(0), scales.stride(0),
         out.stride(0), per_split, HAS_BIAS=has_bias, SPLIT=splits > 1, INTERPRET=interpreting(),
-        BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"], BLOCK_T=dc["block_t"], KORDER=dc["korder"],
-        ASM=bool(dc.get("asm")) and dc["korder"] and x.dtype in (torch.bfloat16, torch.float16) and not interpreting(),
-        SBLK=bool(dc.get("sblk")) and dc["korder"],  # wrong with the plane-wise dots on the H200: see _dot_kernel
-        num_warps=dc["num_warps"], num_stages=dc["num_stages"])
+        BLOCK_M=dc["block_m"], BLOCK_N=dc["block_n"], BLOCK_T=dc["block_t"], KORDER=korder,
+        ASM=bool(dc.get("asm")) and (korder or pairs) and x.dtype in (torch.bfloat16, torch.float16)
+        and not interpreting(),
+        SBLK=bool(dc.get("sblk")) and korder,  # wrong with the plane-wise dots on the H200: see _dot_kernel
+        PAIRS=pairs, num_warps=dc["num_warps"], num_stages=dc["num_stages"])
     return splitk_reduce(part, bias, out) if splits > 1 else out
 
 

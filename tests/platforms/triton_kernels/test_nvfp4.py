@@ -146,12 +146,14 @@ def test_both_kernels_all_codes_and_scales(kernel, seed):
 
 @pytest.mark.parametrize("cfg", [{"asm": False, "sblk": False}, {"asm": True, "sblk": False},
                                  {"asm": False, "sblk": True}, {"asm": True, "sblk": True, "splits": 3},
-                                 {"asm": True, "korder": False}],
-                         ids=["triton_decode", "asm", "sblk", "asm_sblk_split", "planes"])
+                                 {"asm": True, "korder": False}, {"asm": True, "pairs": True},
+                                 {"asm": False, "pairs": True, "splits": 2}, {"asm": True, "pairs": True, "splits": 3}],
+                         ids=["triton_decode", "asm", "sblk", "asm_sblk_split", "planes", "pairs", "pairs_triton_split",
+                              "pairs_split3"])
 def test_dot_decode_variants(cfg, seed):
     """The tensor-core kernel's decode variants: the inline-PTX decode (GPU only; the interpreter runs the Triton
     decode) and the once-per-block scale loads, on every code and every scale (subnormals too), for each x dtype;
-    K order off falls back to the plane-wise dots."""
+    K order off falls back to the plane-wise dots; the plane-pair dots against x in plane_order, split K too."""
     g = _gen(seed)
     w, bs = _random_codes_and_scales(40, 512, g)
     gs = torch.tensor([5.1], device=DEVICE)
