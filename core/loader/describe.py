@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import torch
 
-from engine.core.models.weights import Fp8Weight, Int4Weight, Nvfp4Weight, QuantizedWeight, weight_bytes
+from engine.core.models.weights import Fp8Weight, Int4Weight, Int8Weight, Nvfp4Weight, QuantizedWeight, weight_bytes
 
 from .checkpoint import load_checkpoint
 
@@ -21,8 +21,9 @@ def _kind(w) -> str:
         import gguf
 
         name = gguf.GGMLQuantizationType(w.qtype).name
-        if name == "Q4_0":  # models.weights.native_int4
-            return "GGUF Q4_0 blocks (int4_linear, groups of 32, where the platform has that kernel)"
+        if name in ("Q4_0", "Q8_0"):  # models.weights.native_int4
+            op = "int4_linear" if name == "Q4_0" else "int8_linear"
+            return f"GGUF {name} blocks ({op}, groups of 32, where the platform has that kernel)"
         return f"GGUF {name} blocks"
     if isinstance(w, Fp8Weight):
         acts = "static activations" if w.input_scale is not None else (
@@ -34,6 +35,10 @@ def _kind(w) -> str:
         zero = "zero points" if w.zero is not None else "symmetric"
         return (f"INT4 groups of {w.group_size}, {str(w.scale.dtype).removeprefix('torch.')} scales, {zero} "
                 "(int4_linear; GGUF Q4 blocks where the platform has no int4_linear kernel)")
+    if isinstance(w, Int8Weight):
+        zero = "zero points" if w.zero is not None else "symmetric"
+        return (f"INT8 groups of {w.group_size}, {str(w.scale.dtype).removeprefix('torch.')} scales, {zero} "
+                "(int8_linear; GGUF Q8_0 blocks where the platform has no int8_linear kernel)")
     return f"{str(w.dtype).removeprefix('torch.')} (unquantized)"
 
 

@@ -11,10 +11,12 @@ import torch
 from engine.core.models.weights import (
     Fp8Weight,
     Int4Weight,
+    Int8Weight,
     Nvfp4Weight,
     QuantizedWeight,
     dense_weight,
     int4_as_gguf,
+    int8_as_gguf,
     weight_bytes,
 )
 from engine.core.ops.fp8 import BLOCK_K
@@ -57,10 +59,10 @@ def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dty
     """The quantized checkpoint's weights with each quantized matrix as one object, said at INFO level."""
     weights = scheme.pack(weights, model_dir)
     quantized = {n: w for n, w in weights.items()
-                 if isinstance(w, (Fp8Weight, Nvfp4Weight, QuantizedWeight, Int4Weight))}
+                 if isinstance(w, (Fp8Weight, Nvfp4Weight, QuantizedWeight, Int4Weight, Int8Weight))}
     experts = [n for n in quantized if ".experts." in n]
-    for n in experts:  # 4-bit experts run fused_moe_gguf, on GGUF blocks
-        if isinstance(quantized[n], Int4Weight):
+    for n in experts:  # 4- and 8-bit experts run fused_moe_gguf, on GGUF blocks
+        if isinstance(quantized[n], (Int4Weight, Int8Weight)):
             quantized[n] = weights[n] = _as_gguf(quantized[n], n, model_dir)
     _expand_experts(weights, quantized, experts, dtype, model_dir)
     if "model.embed_tokens.weight" in quantized:
@@ -71,9 +73,9 @@ def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dty
     return weights
 
 
-def _as_gguf(w: Int4Weight, name: str, model_dir: str) -> QuantizedWeight:
+def _as_gguf(w: Int4Weight | Int8Weight, name: str, model_dir: str) -> QuantizedWeight:
     try:
-        return int4_as_gguf(w)
+        return int4_as_gguf(w) if isinstance(w, Int4Weight) else int8_as_gguf(w)
     except ValueError as exc:
         raise ModelLoadError(f"{model_dir}: {name}: {exc}") from exc
 

@@ -78,7 +78,8 @@ class DecoderModel:
         self.quantize_activations = quantize_activations
         # Everything the forward pass reads lives on the platform's device, moved once here (one tensor at a
         # time, so the host copy of each can be freed by the caller as it goes).
-        weights = {name: to_device(w, self.device) for name, w in native_int4(weights, quantize_activations).items()}
+        weights = {name: to_device(w, self.device)
+                   for name, w in native_int4(weights, quantize_activations, dtype).items()}
         if quantize_activations:
             # the Q8-activation op takes the 32-element block types; K-quant weights keep their activations
             weights = {name: dataclasses.replace(w, quantize_activations=True)

@@ -11,11 +11,12 @@ from engine.core.ops.fp8_quant import fp8_quantize_per_token
 from engine.core.ops.gguf_q8act import gguf_linear_q8act
 from engine.core.ops.gguf_quant import gguf_dequantize, gguf_linear
 from engine.core.ops.int4 import int4_linear
+from engine.core.ops.int8 import int8_linear
 from engine.core.ops.linear import linear
 from engine.core.ops.nvfp4 import nvfp4_linear, nvfp4_linear_w4a4
 from engine.core.ops.registry import CallSite, active_registry
 
-from .weights import Fp8Weight, Int4Weight, Nvfp4Weight, QuantizedWeight, Weight
+from .weights import Fp8Weight, Int4Weight, Int8Weight, Nvfp4Weight, QuantizedWeight, Weight
 
 
 class Linear:
@@ -24,7 +25,7 @@ class Linear:
     on every call. A platform with no dense kernel runs the op's reference, torch's F.linear."""
 
     __slots__ = ("w", "bias", "site", "raw", "qtype", "cols", "quantized", "fp8", "quant", "fp8_name", "nvfp4",
-                 "w4a4", "use_w4a4", "_w4a4_for", "int4")
+                 "w4a4", "use_w4a4", "_w4a4_for", "int4", "int8")
 
     def __init__(self, w: Weight, bias: torch.Tensor | None = None):
         self.w, self.bias = w, bias
@@ -32,8 +33,11 @@ class Linear:
         self.fp8 = isinstance(w, Fp8Weight)
         self.nvfp4 = isinstance(w, Nvfp4Weight)
         self.int4 = isinstance(w, Int4Weight)
+        self.int8 = isinstance(w, Int8Weight)
         if self.int4:
             self.site = CallSite(int4_linear)
+        elif self.int8:
+            self.site = CallSite(int8_linear)
         elif self.nvfp4:
             self.site, self.w4a4, self._w4a4_for = CallSite(nvfp4_linear), CallSite(nvfp4_linear_w4a4), None
         elif self.quantized:
@@ -54,6 +58,9 @@ class Linear:
         if self.int4:
             w = self.w
             return self.site(key, x, w.packed, w.scale, w.zero, w.group_size, self.bias)
+        if self.int8:
+            w = self.w
+            return self.site(key, x, w.codes, w.scale, w.zero, w.group_size, self.bias)
         if not self.quantized:
             return self.site(key, x, self.w, self.bias)
         y = self.site(key, x, self.raw, self.qtype, self.cols)
@@ -112,6 +119,8 @@ def stack_rows(*ws: Weight) -> Weight | None:
         return stack_nvfp4(ws)
     if all(isinstance(w, Int4Weight) for w in ws):
         return stack_int4(ws)
+    if all(isinstance(w, Int8Weight) for w in ws):
+        return stack_int8(ws)
     if not all(isinstance(w, QuantizedWeight) for w in ws):
         return None
     first = ws[0]
@@ -138,6 +147,20 @@ def stack_int4(ws) -> Int4Weight | None:
         zero = torch.cat([w.zero if w.zero is not None else torch.full_like(w.scale, 8, dtype=torch.uint8)
                           for w in ws])
     return Int4Weight(torch.cat([w.packed for w in ws]), torch.cat([w.scale for w in ws]), zero, first.group_size)
+
+
+def stack_int8(ws) -> Int8Weight | None:
+    """8-bit matrices as one where they share K, group size and scale dtype; symmetric ones among asymmetric ones
+    get their zero points (128) written out."""
+    first = ws[0]
+    if any((w.shape[1], w.group_size, w.scale.dtype) != (first.shape[1], first.group_size, first.scale.dtype)
+           for w in ws):
+        return None
+    zero = None
+    if any(w.zero is not None for w in ws):
+        zero = torch.cat([w.zero if w.zero is not None else torch.full_like(w.scale, 128, dtype=torch.uint8)
+                          for w in ws])
+    return Int8Weight(torch.cat([w.codes for w in ws]), torch.cat([w.scale for w in ws]), zero, first.group_size)
 
 
 def quantize_static(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:

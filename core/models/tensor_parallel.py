@@ -24,7 +24,7 @@ from engine.core.ops.gguf_kquants import K_QTYPES
 from engine.core.ops.gguf_quant import ALL_QTYPES
 
 from .config import ModelConfig
-from .weights import Int4Weight, QuantizedWeight, int4_as_gguf
+from .weights import Int4Weight, Int8Weight, QuantizedWeight, int4_as_gguf, int8_as_gguf
 
 
 class TensorParallelError(ValueError):
@@ -69,10 +69,21 @@ def _block(w: QuantizedWeight) -> tuple[int, int]:
     return block, size
 
 
+def _as_blocks(w):
+    """4- and 8-bit group-quantized weights are split as the GGUF blocks they also are."""
+    try:
+        if isinstance(w, Int4Weight):
+            return int4_as_gguf(w)
+        if isinstance(w, Int8Weight):
+            return int8_as_gguf(w)
+    except ValueError as exc:
+        raise TensorParallelError(f"this weight cannot be split across ranks: {exc}") from exc
+    return w
+
+
 def shard_rows(w, lo: int, hi: int):
     """Rows [lo, hi) of a weight (output features), or of a bias vector."""
-    if isinstance(w, Int4Weight):  # split as the GGUF blocks it also is
-        w = int4_as_gguf(w)
+    w = _as_blocks(w)
     if isinstance(w, QuantizedWeight):
         return dataclasses.replace(w, raw=w.raw[lo:hi].contiguous(), rows=hi - lo)
     if isinstance(w, torch.Tensor):
@@ -83,8 +94,7 @@ def shard_rows(w, lo: int, hi: int):
 
 def shard_cols(w, lo: int, hi: int):
     """Columns [lo, hi) of a weight (input features); GGUF weights only on block boundaries."""
-    if isinstance(w, Int4Weight):
-        w = int4_as_gguf(w)
+    w = _as_blocks(w)
     if isinstance(w, QuantizedWeight):
         block, size = _block(w)
         if lo % block or hi % block:

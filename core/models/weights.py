@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -83,32 +84,100 @@ class Int4Weight:
         return (self.packed.shape[0], self.packed.shape[1] * 2)
 
 
-Weight = torch.Tensor | QuantizedWeight | Fp8Weight | Nvfp4Weight | Int4Weight
+@dataclass
+class Int8Weight:
+    """A [rows, cols] matrix kept as 8-bit codes with group scales (GPTQ 8-bit, compressed-tensors W8A16, or GGUF
+    Q8_0 blocks on platforms with an int8_linear kernel), used through ops.int8_linear (layout in core/ops/int8.py:
+    ``codes`` uint8 [rows, cols], ``scale`` [rows, G], ``zero`` uint8 [rows, G] or None for symmetric weights, zero
+    128). On platforms with no int8_linear kernel the model turns symmetric ones into GGUF Q8_0 blocks at load."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
 
 
-def native_int4(weights: dict, quantize_activations: bool = False) -> dict:
-    """``weights`` with each 4-bit matrix in the form the active platform's kernels read: where it has no
-    int4_linear kernel (the CPU's native kernels read GGUF blocks), each Int4Weight as GGUF blocks; where it has
-    one, each GGUF Q4_0 matrix that a Linear multiplies by as an Int4Weight with groups of 32 (the same numbers, see
-    :func:`gguf_as_int4`), unless ``quantize_activations`` asks for the GGUF kernels' Q8 activations. The token
-    embedding (rows looked up, and the lm_head where tied) and MoE experts (fused_moe_gguf) stay GGUF blocks."""
-    from engine.core.ops.gguf_quant import Q4_0
+Weight = torch.Tensor | QuantizedWeight | Fp8Weight | Nvfp4Weight | Int4Weight | Int8Weight
+
+
+def native_int4(weights: dict, quantize_activations: bool = False, dtype: torch.dtype | None = None) -> dict:
+    """``weights`` with each 4- and 8-bit matrix in the form the active platform's kernels read. Where the platform
+    has no int4_linear / int8_linear kernel (the CPU's native kernels read GGUF blocks), each Int4Weight / Int8Weight
+    becomes GGUF blocks (:func:`int4_as_gguf`, :func:`int8_as_gguf`). Where it has one, each GGUF Q4_0 / Q8_0 matrix
+    that a Linear multiplies by becomes an Int4Weight / Int8Weight with groups of 32 (the same numbers:
+    :func:`gguf_as_int4`, :func:`gguf_as_int8`), unless ``quantize_activations`` asks for the GGUF kernels' Q8
+    activations. The token embedding (rows looked up, and the lm_head where tied) and MoE experts (fused_moe_gguf)
+    stay GGUF blocks. An 8-bit matrix with zero points has no GGUF form: with ``dtype`` it is expanded to that dtype
+    (said once, at WARNING), else refused by name."""
+    from engine.core.ops.gguf_quant import Q4_0, Q8_0
     from engine.core.ops.int4 import int4_linear
+    from engine.core.ops.int8 import int8_linear
     from engine.core.ops.registry import active_registry
 
-    if active_registry().implementations(int4_linear):
-        if quantize_activations:
-            return weights
-        return {name: gguf_as_int4(w) if isinstance(w, QuantizedWeight) and w.qtype == Q4_0
-                and name != "model.embed_tokens.weight" and ".experts." not in name else w
-                for name, w in weights.items()}
-    out = {}
+    registry = active_registry()
+    has = {Int4Weight: bool(registry.implementations(int4_linear)),
+           Int8Weight: bool(registry.implementations(int8_linear))}
+    to_int = {Q4_0: (Int4Weight, gguf_as_int4), Q8_0: (Int8Weight, gguf_as_int8)}
+    out, expanded = {}, []
     for name, w in weights.items():
-        try:
-            out[name] = int4_as_gguf(w) if isinstance(w, Int4Weight) else w
-        except ValueError as exc:
-            raise ValueError(f"{name}: {exc}") from exc
+        if isinstance(w, QuantizedWeight) and w.qtype in to_int and has[to_int[w.qtype][0]] \
+                and not quantize_activations and name != "model.embed_tokens.weight" and ".experts." not in name:
+            w = to_int[w.qtype][1](w)
+        elif isinstance(w, Int8Weight) and not has[Int8Weight] and w.zero is not None and dtype is not None \
+                and not bool((w.zero == 128).all()):
+            w = dense_weight(w, dtype)
+            expanded.append(name)
+        elif isinstance(w, (Int4Weight, Int8Weight)) and not has[type(w)]:
+            try:
+                w = int4_as_gguf(w) if isinstance(w, Int4Weight) else int8_as_gguf(w)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from exc
+        out[name] = w
+    if expanded:
+        logging.getLogger("engine").warning(
+            "engine: %d 8-bit matrices with zero points (asymmetric) are expanded to %s: this platform has no "
+            "int8_linear kernel and GGUF Q8_0 has no zero points", len(expanded), str(dtype).removeprefix("torch."))
     return out
+
+
+def gguf_as_int8(w: QuantizedWeight) -> Int8Weight:
+    """A GGUF Q8_0 matrix as an Int8Weight, exactly: each block of 32 is a group (its fp16 ``d`` the scale), each
+    signed q the code ``q + 128`` (zero 128)."""
+    from engine.core.ops.gguf_quant import BLOCK, Q8_0
+
+    if w.qtype != Q8_0:
+        raise ValueError(f"only GGUF Q8_0 blocks are INT8 groups exactly, got quantization type {w.qtype}")
+    blocks = w.raw.reshape(w.rows, w.cols // BLOCK, 2 + BLOCK)
+    scale = blocks[..., :2].contiguous().view(torch.float16).reshape(w.rows, -1)
+    codes = (blocks[..., 2:] ^ 0x80).reshape(w.rows, w.cols)
+    return Int8Weight(codes.contiguous(), scale.contiguous(), None, BLOCK)
+
+
+def int8_as_gguf(w: Int8Weight) -> QuantizedWeight:
+    """A symmetric Int8Weight as GGUF Q8_0 blocks of 32 (each group's scale repeated over its blocks, as fp16),
+    exactly where the scales are fp16; weights with zero points have no GGUF form the CPU kernels read."""
+    from engine.core.ops.gguf_quant import BLOCK, Q8_0
+
+    n, k = w.shape
+    if w.zero is not None and not bool((w.zero == 128).all()):
+        raise ValueError("8-bit weights with zero points (asymmetric) have no GGUF form the CPU kernels read; run "
+                         "this checkpoint on a platform with an int8_linear kernel, or load it with dequantize=True")
+    _check_fp16_scales(w.scale)
+    d = w.scale.to(torch.float16).repeat_interleave(w.group_size // BLOCK, dim=1)[:, :k // BLOCK]
+    qs = (w.codes ^ 0x80).reshape(n, k // BLOCK, BLOCK)
+    raw = torch.cat([d[..., None].view(torch.uint8), qs], dim=-1)
+    return QuantizedWeight(raw.reshape(n, -1).contiguous(), Q8_0, n, k)
+
+
+def _check_fp16_scales(scale: torch.Tensor) -> None:
+    if scale.dtype != torch.float16 and not bool(((scale.float().abs() < 65504) &
+                                                  (scale.float().abs() >= 2**-14)).all()):
+        raise ValueError(f"{scale.dtype} group scales outside fp16's normal range cannot become GGUF blocks "
+                         "(fp16 scales); run this checkpoint on a platform with an int4_linear / int8_linear kernel")
 
 
 def gguf_as_int4(w: QuantizedWeight) -> Int4Weight:
@@ -134,10 +203,7 @@ def int4_as_gguf(w: Int4Weight) -> QuantizedWeight:
     from engine.core.ops.nvfp4 import unpack
 
     n, k = w.shape
-    if w.scale.dtype != torch.float16 and not bool(((w.scale.float().abs() < 65504) &
-                                                    (w.scale.float().abs() >= 2**-14)).all()):
-        raise ValueError(f"{w.scale.dtype} group scales outside fp16's normal range cannot become GGUF blocks "
-                         "(fp16 scales); run this checkpoint on a platform with an int4_linear kernel")
+    _check_fp16_scales(w.scale)
     per_block = w.group_size // BLOCK
     s = w.scale.to(torch.float16)
     d = s.repeat_interleave(per_block, dim=1)[:, :k // BLOCK]  # [N, K / 32] (a last group may be partial)
@@ -172,6 +238,11 @@ def to_device(w: Weight, device: torch.device) -> Weight:
             return w
         return dataclasses.replace(w, packed=w.packed.to(device), scale=w.scale.to(device),
                                    zero=None if w.zero is None else w.zero.to(device))
+    if isinstance(w, Int8Weight):
+        if w.codes.device == device:
+            return w
+        return dataclasses.replace(w, codes=w.codes.to(device), scale=w.scale.to(device),
+                                   zero=None if w.zero is None else w.zero.to(device))
     return w if w.device == device else w.to(device)
 
 
@@ -185,6 +256,8 @@ def weight_bytes(w: Weight) -> int:
         return w.packed.nbytes + w.block_scale.nbytes + 8
     if isinstance(w, Int4Weight):
         return w.packed.nbytes + w.scale.nbytes + (0 if w.zero is None else w.zero.nbytes)
+    if isinstance(w, Int8Weight):
+        return w.codes.nbytes + w.scale.nbytes + (0 if w.zero is None else w.zero.nbytes)
     return w.nbytes
 
 
@@ -207,6 +280,10 @@ def dense_weight(w: Weight, dtype: torch.dtype) -> torch.Tensor:
         from engine.core.ops.int4 import dequantize_int4
 
         return dequantize_int4(w.packed, w.scale, w.zero, w.group_size).to(dtype)
+    if isinstance(w, Int8Weight):
+        from engine.core.ops.int8 import dequantize_int8
+
+        return dequantize_int8(w.codes, w.scale, w.zero, w.group_size).to(dtype)
     if isinstance(w, QuantizedWeight):
         from engine.core.ops.gguf_quant import gguf_dequantize
 

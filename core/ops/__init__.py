@@ -12,6 +12,7 @@ from .fp8_quant import fp8_quantize_per_token
 from .gguf_q8act import gguf_linear_q8act
 from .gguf_quant import gguf_dequantize, gguf_linear
 from .int4 import int4_linear
+from .int8 import int8_linear
 from .kv_cache import write_kv_cache
 from .linear import linear
 from .mla import mla_decode
@@ -30,8 +31,8 @@ __all__ = [
     "all_gather", "all_reduce", "broadcast", "build_cos_sin_cache", "fp8_linear", "fused_add_rms_norm", "fused_moe",
     "fused_moe_fp8",
     "fused_moe_gguf", "fused_moe_nvfp4",
-    "gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "int4_linear", "linear", "mla_decode", "nvfp4_linear",
-    "nvfp4_linear_w4a4",
+    "gguf_dequantize", "gguf_linear", "gguf_linear_q8act", "int4_linear", "int8_linear", "linear", "mla_decode",
+    "nvfp4_linear", "nvfp4_linear_w4a4",
     "nvfp4_quantize",
     "paged_attention_decode", "paged_attention_prefill",
     "fp8_quantize_per_token", "rms_norm", "rotary_embedding", "rotary_write_kv", "silu_and_mul", "write_kv_cache",

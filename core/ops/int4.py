@@ -37,17 +37,21 @@ def check_int4(w_packed, w_scale, w_zero, group_size: int, k: int | None = None)
     if k is not None and k != kk:
         raise ValueError(f"int4_linear wants x [M, K] and w_packed [N, K/2], got K={k} and w_packed "
                          f"{tuple(w_packed.shape)}")
-    if group_size <= 0 or group_size % ALIGN or kk % ALIGN:
-        raise ValueError(f"int4_linear wants K and group_size multiples of {ALIGN}, got K={kk}, group_size="
-                         f"{group_size}")
-    groups = -(-kk // group_size)
+    check_groups("int4_linear", n, kk, w_scale, w_zero, group_size)
+    return n, kk
+
+
+def check_groups(op: str, n: int, k: int, w_scale, w_zero, group_size: int) -> None:
+    """The group scales and zero points of an [N, K] group-quantized weight (int4_linear's and int8_linear's)."""
+    if group_size <= 0 or group_size % ALIGN or k % ALIGN:
+        raise ValueError(f"{op} wants K and group_size multiples of {ALIGN}, got K={k}, group_size={group_size}")
+    groups = -(-k // group_size)
     if w_scale.dtype not in _ORACLE_DTYPES or tuple(w_scale.shape) != (n, groups):
         raise TypeError(f"w_scale must be fp16, bf16 or fp32 [N={n}, G={groups}], got {w_scale.dtype} of shape "
                         f"{tuple(w_scale.shape)}")
     if w_zero is not None and (w_zero.dtype != torch.uint8 or tuple(w_zero.shape) != (n, groups)):
         raise TypeError(f"w_zero must be None or uint8 [N={n}, G={groups}], got {w_zero.dtype} of shape "
                         f"{tuple(w_zero.shape)}")
-    return n, kk
 
 
 def dequantize_int4(w_packed, w_scale, w_zero, group_size: int) -> torch.Tensor:

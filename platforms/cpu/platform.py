@@ -117,6 +117,9 @@ class CpuPlatform(Platform):
             registry.reference_only(op, "no native NVFP4 kernel: NVFP4 checkpoints target Blackwell GPUs")
         registry.reference_only("int4_linear", "GPTQ / AWQ 4-bit weights become GGUF Q4_0 / Q4_1 blocks at load here "
                                                "(models.weights.native_int4), which the native gguf_linear runs")
+        registry.reference_only("int8_linear", "GPTQ / compressed-tensors 8-bit weights become GGUF Q8_0 blocks at "
+                                               "load here (models.weights.native_int4), which the native gguf_linear "
+                                               "runs")
 
     def fp16_linear_max_m(self, isa: str, cpuinfo: str) -> int | None:
         """Up to how many rows fp16 dense linears run the native kernel (0: never, None: every M); measured per

@@ -33,6 +33,7 @@ KERNEL_MODULES = {
     "fp8_gemv": ("fp8_linear",),
     "nvfp4": ("nvfp4_quantize", "nvfp4_linear", "nvfp4_linear_w4a4"),
     "int4_linear": ("int4_linear",),
+    "int8_linear": ("int8_linear",),
     "mla": ("mla_decode",),
 }
 

@@ -154,13 +154,14 @@ def test_sentencepiece_vocabulary_matches_transformers(tmp_path):
     assert ours.decode(ours.encode("ünïcödé ✓ 🙂")) == "ünïcödé ✓ 🙂"  # through byte fallback
 
 
-def test_q4_0_linears_run_int4_linear_where_the_platform_has_it(tmp_path):
-    """A Q4_0 GGUF on a platform with an int4_linear kernel (the cpu platform plus the Triton kernel under the
-    interpreter): every Q4_0 projection runs as INT4 groups of 32 and the logits match transformers' on the same
-    file (which dequantizes it), as they do on the cpu platform's GGUF kernels."""
+def test_q4_0_and_q8_0_linears_run_int4_and_int8_linear_where_the_platform_has_them(tmp_path):
+    """A GGUF with Q4_0 attention and Q8_0 MLP matrices on a platform with int4_linear and int8_linear kernels (the cpu
+    platform plus the Triton kernels under the interpreter): every projection runs as INT4 / INT8 groups of 32 and
+    the logits match transformers' on the same file (which dequantizes it)."""
     from engine import LLM
-    from engine.core.models.weights import Int4Weight
+    from engine.core.models.weights import Int4Weight, Int8Weight
     from engine.platforms.triton_kernels.int4_linear import int4_linear_triton
+    from engine.platforms.triton_kernels.int8_linear import int8_linear_triton
     from tests.core.loader.test_hf_int4 import CpuWithTritonInt4
 
     tok = byte_level_gguf_tokenizer("gpt-2")
@@ -169,7 +170,7 @@ def test_q4_0_linears_run_int4_linear_where_the_platform_has_it(tmp_path):
         for p in model.parameters():
             p.mul_(0.3)  # logits of a size where 1e-4 is a tight check
     path = write_gguf(tmp_path / "m.gguf", "llama", model.state_dict(), model.config, tokenizer=tok,
-                      qtype=lambda n, a: Q.Q4_0 if "embed" not in n else Q.F32)
+                      qtype=lambda n, a: Q.F32 if "embed" in n else Q.Q8_0 if ".mlp." in n else Q.Q4_0)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32)
     gen = torch.Generator().manual_seed(int.from_bytes(np.random.bytes(4), "little"))
     ids = torch.randint(0, len(tok["tokens"]), (23,), generator=gen).tolist()
@@ -178,8 +179,9 @@ def test_q4_0_linears_run_int4_linear_where_the_platform_has_it(tmp_path):
     llm = LLM(str(path), dtype="float32", num_kv_blocks=16, block_size=16, platform=CpuWithTritonInt4(),
               activation_quant="none")
     layer = llm.model.layers[0]
-    assert isinstance(layer.mlp.down.w, Int4Weight) and isinstance(layer.attn.qkv_proj.w, Int4Weight)
+    assert isinstance(layer.mlp.down.w, Int8Weight) and isinstance(layer.attn.qkv_proj.w, Int4Weight)
     assert isinstance(llm.model.lm_head_site.w, Int4Weight)
     torch.testing.assert_close(llm.prompt_logits(ids).cpu(), want, atol=1e-4, rtol=1e-4)
-    chosen = layer.mlp.down.site.chosen()
-    assert chosen and all(f is int4_linear_triton for f in chosen.values()), chosen
+    for site, fn in ((layer.mlp.down.site, int8_linear_triton), (layer.attn.qkv_proj.site, int4_linear_triton)):
+        chosen = site.chosen()
+        assert chosen and all(f is fn for f in chosen.values()), chosen

@@ -135,16 +135,17 @@ def add_quantization_config(path, layout: str) -> None:
 
 
 class CpuWithTritonInt4(CpuPlatform):
-    """The cpu platform plus the Triton int4_linear kernel on CPU tensors (the Triton interpreter): a platform that
-    keeps 4-bit weights as they are, as the GPU ones do."""
+    """The cpu platform plus the Triton int4_linear and int8_linear kernels on CPU tensors (the Triton interpreter): a
+    platform that keeps 4- and 8-bit weights as they are, as the GPU ones do."""
 
     name = "cpu_triton_int4"
 
     def register_kernels(self, registry) -> None:
         super().register_kernels(registry)
-        from engine.platforms.triton_kernels import int4_linear
+        from engine.platforms.triton_kernels import int4_linear, int8_linear
 
         int4_linear.register(registry, "cpu")
+        int8_linear.register(registry, "cpu")
 
 
 def _logits_against_transformers(llm, hf, name, tol):

@@ -98,7 +98,7 @@ def test_native_int4_names_the_matrix_it_cannot_convert(seed):
     out = native_int4({"a.weight": good, "norm": torch.ones(3)})
     assert isinstance(out["a.weight"], QuantizedWeight) and torch.equal(out["norm"], torch.ones(3))
     bad.scale[0, 0] = 1e30
-    with pytest.raises(ValueError, match="b.weight: .*int4_linear kernel"):
+    with pytest.raises(ValueError, match="b.weight: .*int4_linear .*kernel"):
         native_int4({"b.weight": bad})
 
 
