@@ -34,7 +34,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-KERNEL_SECTIONS = ("attention", "moe", "fp8", "quant", "int4", "gemv", "mla")
+KERNEL_SECTIONS = ("attention", "moe", "fp8", "quant", "int4", "int8", "gemv", "mla")
 
 
 def _device() -> str:

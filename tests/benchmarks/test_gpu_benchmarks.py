@@ -103,6 +103,7 @@ def test_names_resolve(path: Path):
     ("quant", dict(tune=True)),
     ("quant", dict(tune="wide")),
     ("int4", dict(sweep=True)),
+    ("int8", {}),
     ("gemv", {}),
     ("mla", {}),
 ], ids=lambda v: v if isinstance(v, str) else "")
