@@ -61,8 +61,9 @@ def _packed(scheme, weights: dict, method: str, model_dir: str, dtype: torch.dty
     quantized = {n: w for n, w in weights.items()
                  if isinstance(w, (Fp8Weight, Nvfp4Weight, QuantizedWeight, Int4Weight, Int8Weight))}
     experts = [n for n in quantized if ".experts." in n]
-    for n in experts:  # 4- and 8-bit experts run fused_moe_gguf, on GGUF blocks
-        if isinstance(quantized[n], (Int4Weight, Int8Weight)):
+    for n in experts:  # 4- and 8-bit experts run fused_moe_gguf, on GGUF blocks (8-bit: symmetric ones, as Q8_0)
+        if isinstance(quantized[n], Int4Weight) or (isinstance(quantized[n], Int8Weight) and (
+                quantized[n].zero is None or bool((quantized[n].zero == 128).all()))):
             quantized[n] = weights[n] = _as_gguf(quantized[n], n, model_dir)
     _expand_experts(weights, quantized, experts, dtype, model_dir)
     if "model.embed_tokens.weight" in quantized:
@@ -81,11 +82,13 @@ def _as_gguf(w: Int4Weight | Int8Weight, name: str, model_dir: str) -> Quantized
 
 
 def _expand_reason(w) -> str | None:
-    """Why an expert matrix cannot stay quantized (None if a MoE op takes it: fused_moe_gguf INT4 experts repacked
-    to GGUF blocks; fused_moe_nvfp4 NVFP4 experts; fused_moe_fp8 per-tensor or per-channel FP8 scales with dynamic
-    per-token activations, or whole 128x128 blocks with dynamic 1x128 activation groups)."""
+    """Why an expert matrix cannot stay quantized (None if a MoE op takes it: fused_moe_gguf INT4 and symmetric INT8
+    experts repacked to GGUF blocks; fused_moe_nvfp4 NVFP4 experts; fused_moe_fp8 per-tensor or per-channel FP8
+    scales with dynamic per-token activations, or whole 128x128 blocks with dynamic 1x128 activation groups)."""
     if isinstance(w, (QuantizedWeight, Nvfp4Weight)):
         return None
+    if isinstance(w, Int8Weight):
+        return "8-bit experts with zero points (GGUF Q8_0 blocks have none)"
     if w.granularity == "block":
         if w.input_scale is not None or w.act_group != BLOCK_K:
             return "FP8 128x128 weight blocks without 1x128 dynamic activation groups"

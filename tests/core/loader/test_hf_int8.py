@@ -55,11 +55,11 @@ def quantize8(w: torch.Tensor, group: int, sym: bool):
     return torch.cat(qs, 1), torch.stack(zs), torch.stack(ss)
 
 
-def write_checkpoint(layout: str, path):
-    """The layout's checkpoint in ``path``; returns transformers' model on the dequantized weights."""
+def quantize_into8(tensors: dict, names: list[str], layout: str) -> dict:
+    """Replace each named weight in ``tensors`` by the layout's 8-bit tensors; returns {name: dequantized weight}."""
     method, group, sym, fmt = LAYOUTS[layout]
-    hf, tensors = random_llama(path)
-    for name in [n for n in tensors if n.endswith(".weight") and n.split(".")[-2] in LINEARS]:
+    dequantized = {}
+    for name in names:
         w = tensors.pop(name).float()
         q, z, s = quantize8(w, group, sym)
         base = name.removesuffix("weight")
@@ -76,9 +76,12 @@ def write_checkpoint(layout: str, path):
                 torch.int32)
             tensors[base + "scales"] = s
         cols = torch.arange(q.shape[1]) // (q.shape[1] if group == -1 else group)
-        hf.get_submodule(name.removesuffix(".weight")).weight.data = (q - z.t()[:, cols]).float() * s.t().float()[
-            :, cols]
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+        dequantized[name] = (q - z.t()[:, cols]).float() * s.t().float()[:, cols]
+    return dequantized
+
+
+def add_quantization_config8(path, layout: str) -> None:
+    method, group, sym, fmt = LAYOUTS[layout]
     qc = {"quant_method": "gptq", "bits": 8, "group_size": group, "sym": sym, "desc_act": False,
           "checkpoint_format": fmt} if method == "gptq" else {
         "quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
@@ -86,6 +89,16 @@ def write_checkpoint(layout: str, path):
             "num_bits": 8, "type": "int", "symmetric": True, "strategy": "group", "group_size": group}}}}
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
+
+
+def write_checkpoint(layout: str, path):
+    """The layout's checkpoint in ``path``; returns transformers' model on the dequantized weights."""
+    hf, tensors = random_llama(path)
+    names = [n for n in tensors if n.endswith(".weight") and n.split(".")[-2] in LINEARS]
+    for name, w in quantize_into8(tensors, names, layout).items():
+        hf.get_submodule(name.removesuffix(".weight")).weight.data = w
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    add_quantization_config8(path, layout)
     return hf
 
 
@@ -127,3 +140,24 @@ def test_other_widths_are_refused(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
         with pytest.raises(ModelLoadError, match=message):
             LLM(str(tmp_path), num_kv_blocks=8)
+
+
+@pytest.mark.parametrize("layout", ["gptq_sym_g128", "gptq_asym_g64"])
+def test_int8_moe_experts_as_q8_0_blocks_or_expanded(layout, tmp_path, caplog):
+    """Qwen3-MoE with every projection 8-bit: symmetric experts run fused_moe_gguf on Q8_0 blocks, ones with zero
+    points are expanded (one warning naming why); the logits match transformers on the dequantized weights."""
+    from tests.core.loader.test_hf_fp8_moe import assert_routed_logits_close, load_dequantized, save_random_moe
+
+    hf, tensors = save_random_moe(tmp_path, "qwen3_moe")
+    dequantized = quantize_into8(tensors, [n for n in tensors if n.endswith("_proj.weight")], layout)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    add_quantization_config8(tmp_path, layout)
+    load_dequantized(hf, dequantized)
+    with caplog.at_level(logging.INFO, logger="engine"):
+        llm = LLM(str(tmp_path), dtype="float32", num_kv_blocks=32, block_size=16)
+    experts = llm.model.layers[1].mlp.experts
+    if LAYOUTS[layout][2]:
+        assert experts.gguf and "expanded" not in caplog.text, caplog.text
+    else:
+        assert not experts.gguf and "8-bit experts with zero points" in caplog.text, caplog.text
+    assert_routed_logits_close(llm, hf, layout)
