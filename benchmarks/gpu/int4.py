@@ -30,7 +30,7 @@ from benchmarks.gpu import ceilings  # noqa: E402
 from benchmarks.gpu.quant import _buffers, _check, _random_gguf, _rotating, _row, _tune_rows, report  # noqa: E402
 
 SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))  # the 8B model's qkv, o, gate_up, down [N, K]
-MS = (1, 4, 16, 64)
+MS = (1, 2, 4, 16, 64)
 GROUP = 128
 GOAL_M1 = 3.0
 TINY = {"shapes": ((32, 256),), "ms": (1, 5), "sweep_first": 1}
@@ -95,8 +95,10 @@ def run(sweep: bool | None = None, device: str = "cuda", tiny: bool = False) -> 
             rows.append(_row("int4_w4a16", f"M={m} {shape_w}", us, int4_bytes, "cuBLAS bf16 F.linear", peer_us, goal,
                              peer_us / us >= (GOAL_M1 if m == 1 else 1.0)))
             # the alternatives the defaults were chosen against: tensor cores at decode sizes, the dot without PTX
-            if m <= imod.GEMV_MAX_M:
+            if m <= imod.GEMV_DEFAULT_MAX_M:
                 others = [("dot", None), ("gemv", {"mantissa": m > imod.GEMV_MANTISSA_MAX_M})]
+            elif m <= imod.GEMV_MAX_M:
+                others = [("gemv", None)]
             else:  # the PTX decode, the plane-pair dots (against session 26's K-ordered tile), scales a step ahead
                 others = [("dot", {"asm": False}), ("dot", {"planes": False, "asm": False}), ("dot", {"ahead": True})]
             for kernel, config in others:
@@ -123,7 +125,8 @@ def run(sweep: bool | None = None, device: str = "cuda", tiny: bool = False) -> 
                 rows.append(_row(name, f"M={m} {shape_w}", t_us, q40_bytes, "cuBLAS bf16 F.linear", peer_us, "info",
                                  peer_us / t_us >= 1.0))
             if sweep:
-                sweeps = [("gemv", GEMV_SWEEP), ("dot", DOT_M1_SWEEP)] if m <= imod.GEMV_MAX_M else [("dot", DOT_SWEEP)]
+                sweeps = ([("gemv", GEMV_SWEEP), ("dot", DOT_M1_SWEEP)] if m <= imod.GEMV_DEFAULT_MAX_M
+                          else [("dot", DOT_SWEEP)])
                 for kernel, configs in sweeps:
                     rows += _tune_rows(f"int4_w4a16[{kernel}]", f"M={m} {shape_w}",
                                        functools.partial(calls, kernel=kernel), configs[:first], peer_us, int4_bytes,

@@ -28,7 +28,7 @@ from benchmarks.gpu import ceilings  # noqa: E402
 from benchmarks.gpu.quant import _buffers, _check, _random_gguf, _rotating, _row, report  # noqa: E402
 
 SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))  # the 8B model's qkv, o, gate_up, down [N, K]
-MS = (1, 4, 16, 64)
+MS = (1, 2, 4, 16, 64)
 GOAL_M1 = 1.6
 TINY = {"shapes": ((32, 256),), "ms": (1, 5)}
 

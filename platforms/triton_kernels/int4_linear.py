@@ -1,7 +1,7 @@
 """``int4_linear`` in Triton: GPTQ / AWQ 4-bit weights (core/ops/int4.py's layout) multiplied without expanding them.
 
-* M <= GEMV_MAX_M (decode): a GEMV on CUDA cores with the NVFP4 GEMV's tile (nvfp4.py): the K axis in units of 16
-  codes spread over the lanes, one 8-byte load per row and unit, the rows inside each thread so every x value is
+* M <= GEMV_DEFAULT_MAX_M (decode): a GEMV on CUDA cores with the NVFP4 GEMV's tile (nvfp4.py): the K axis in units
+  of 16 codes spread over the lanes, one 8-byte load per row and unit, the rows inside each thread so every x value is
   loaded once for all of them. A code becomes fp32 by the exponent trick (``code | 0x4B000000`` is 2**23 + code,
   exactly), minus 2**23 + zero: the integer ``code - zero``, exact; unit sums are scaled once by their group's
   scale. The GGUF Q4 blocks the CPU runs are 18 or 20 bytes, read as 16-bit words; here every load is 8 bytes.
@@ -36,6 +36,10 @@ X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PRIORITY = 10
 UNIT = 16  # codes per 8-byte load of the GEMV
 GEMV_MAX_M = 4
+# Rows of x up to which the GEMV is the default (it takes up to GEMV_MAX_M). H100, 2026-12-08 (benchmarks/gpu/int4.py,
+# 8B shapes, groups of 128 with zeros): at M = 4 the tensor-core kernel took 28.5-44.0 us against the GEMV's 16.7-61.4
+# (1.62-1.94x cuBLAS bf16 against 1.39-1.44x); at M = 1 the GEMV 2.42-2.71x against 1.61-1.98x; M = 2 about even
+GEMV_DEFAULT_MAX_M = 2
 GEMV_BLOCK_N = 4  # rows of W per GEMV program (M = 1), units per loop step, warps: the NVFP4 GEMV's tile
 GEMV_BLOCK_B = 128
 GEMV_WARPS = 4
@@ -266,6 +270,12 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, K
             # the last step loads its own group again (in bounds) rather than masking a scalar condition
             s_next, c_next = _group_params(s_rows, z_rows, tl.minimum(k0w + BLOCK_T, t_end - 1) // WPG,
                                            rmask[:, None], HAS_ZERO)
+        elif PLANES and BLOCK_T % WPG == 0:  # whole groups in a step: one load per group, widened along the words
+            GPS: tl.constexpr = BLOCK_T // WPG
+            s, c = _group_params(s_rows, z_rows, (k0w // WPG + tl.arange(0, GPS))[None, :], rmask[:, None], HAS_ZERO)
+            s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, GPS, WPG]), [BLOCK_N, BLOCK_T])
+            if HAS_ZERO:
+                c = tl.reshape(tl.broadcast_to(c[:, :, None], [BLOCK_N, GPS, WPG]), [BLOCK_N, BLOCK_T])
         else:
             s, c = _group_params(s_rows, z_rows, (t // WPG)[None, :], m2, HAS_ZERO)
         if ASM:
@@ -358,7 +368,7 @@ def int4_linear_triton(x, w_packed, w_scale, w_zero, group_size, bias=None, *, k
     bias_arg = bias if has_bias else w_scale
     cfg = dict(config or {})
     sms = cfg.get("sms", sm_count(x.device, INTERPRETER_SMS))
-    kernel = kernel or ("gemv" if m <= GEMV_MAX_M else "dot")
+    kernel = kernel or ("gemv" if m <= GEMV_DEFAULT_MAX_M else "dot")
     if kernel == "gemv":
         if m > GEMV_MAX_M:
             raise ValueError(f"the GEMV kernel takes at most {GEMV_MAX_M} rows of x, got {m}")
@@ -430,4 +440,4 @@ def register(registry, device_type: str, capability=None) -> None:
     registry.register(int4_linear, int4_linear_triton, name="triton_int4_w4a16", supports=supports_for(device_type),
                       priority=PRIORITY,
                       note=f"Triton W4A16 for GPTQ / AWQ weights: CUDA-core GEMV with 8-byte loads for M <= "
-                           f"{GEMV_MAX_M} (split-K when N is small), tensor cores (swap AB) above")
+                           f"{GEMV_DEFAULT_MAX_M} (split-K when N is small), tensor cores (swap AB) above")

@@ -1,9 +1,9 @@
 """``int8_linear`` in Triton: 8-bit group-quantized weights (core/ops/int8.py's layout: GPTQ 8-bit, compressed-tensors
 W8A16, GGUF Q8_0 as groups of 32) multiplied without expanding them.
 
-* M <= GEMV_MAX_M (decode): CUDA cores. Tiles [BLOCK_M, BLOCK_N, BLOCK_K] with the codes read 16 bytes a load and x
-  read at the same tile shape (so both have one layout, as in fp8_gemv.py). A code becomes fp32 by the exponent trick
-  (``code | 0x4B000000`` is 2**23 + code, exactly), minus 2**23 + 128 for symmetric weights: the integer
+* M <= GEMV_DEFAULT_MAX_M (decode): CUDA cores. Tiles [BLOCK_M, BLOCK_N, BLOCK_K] with the codes read 16 bytes a
+  load and x read at the same tile shape (so both have one layout, as in fp8_gemv.py). A code becomes fp32 by the
+  exponent trick (``code | 0x4B000000`` is 2**23 + code, exactly), minus 2**23 + 128 for symmetric weights: the integer
   ``code - 128``. Products are summed per 16 codes (never across a group: groups are multiples of 32) and scaled
   there; with zero points, ``sum((code - z) x) = sum((code - 128) x) - (z - 128) sum(x)``.
 * larger M: tensor cores, swap AB (the weight tile [BLOCK_N, BLOCK_K] is the left operand): a K step lies inside one
@@ -25,6 +25,9 @@ from engine.platforms.triton_kernels.nvfp4 import split_plan, splitk_reduce
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PRIORITY = 10
 GEMV_MAX_M = 4
+# Rows of x up to which the GEMV is the default (it takes up to GEMV_MAX_M): H100, 2026-12-08 (benchmarks/gpu/int8.py):
+# the GEMV at M = 4 ran 0.61-0.78x cuBLAS bf16, the tensor-core kernel at M = 16 0.91-1.05x
+GEMV_DEFAULT_MAX_M = 2
 SUB = 16  # codes summed before their scale is applied (a divisor of every group size)
 PROGRAMS_PER_SM = 4  # K is split while N / BLOCK_N programs leave fewer than this per SM
 DOT_PROGRAMS_PER_SM = 4
@@ -185,7 +188,7 @@ def int8_linear_triton(x, w_codes, w_scale, w_zero, group_size, bias=None, *, ke
     bias_arg = bias if has_bias else w_scale
     cfg = dict(config or {})
     sms = cfg.get("sms", sm_count(x.device, INTERPRETER_SMS))
-    kernel = kernel or ("gemv" if m <= GEMV_MAX_M else "dot")
+    kernel = kernel or ("gemv" if m <= GEMV_DEFAULT_MAX_M else "dot")
     if kernel == "gemv":
         if m > GEMV_MAX_M:
             raise ValueError(f"the GEMV kernel takes at most {GEMV_MAX_M} rows of x, got {m}")
@@ -241,4 +244,4 @@ def register(registry, device_type: str, capability=None) -> None:
     registry.register(int8_linear, int8_linear_triton, name="triton_int8_w8a16", supports=supports_for(device_type),
                       priority=PRIORITY,
                       note=f"Triton W8A16 for GPTQ 8-bit / GGUF Q8_0 weights: CUDA-core GEMV with 16-byte code "
-                           f"loads for M <= {GEMV_MAX_M} (split-K when N is small), tensor cores (swap AB) above")
+                           f"loads for M <= {GEMV_DEFAULT_MAX_M} (split-K when N is small), tensor cores above")

@@ -171,7 +171,8 @@ def test_dot_plane_pairs_and_k_order(planes, ahead, zero, dtype, seed):
     order), with and without the scales loaded a step ahead; K of whole steps, split K, and a K that is not whole
     steps (always K order)."""
     cfg = {"planes": planes, "ahead": ahead, "block_t": 16}
-    for m, k, group, splits in ((20, 1024, 128, 1), (20, 1024, 128, 2), (7, 384, 64, 1), (33, 320, 32, 1)):
+    for m, k, group, splits in ((20, 1024, 128, 1), (20, 1024, 128, 2), (7, 384, 64, 1), (33, 320, 32, 1),
+                                (18, 512, 32, 1), (5, 1024, 64, 2)):  # groups of 32 / 64: several a step
         args = list(_inputs(m, 48, k, group, dtype, seed, zero=zero, bias=True))
         if k == 1024:  # every code against every zero point
             codes = torch.arange(48 * k, device=DEVICE).remainder(16).reshape(48, k).to(torch.uint8)
