@@ -136,31 +136,26 @@ def out_features(w: Weight) -> int:
 
 
 def stack_int4(ws) -> Int4Weight | None:
-    """4-bit matrices as one where they share K, group size and scale dtype; symmetric ones among asymmetric ones
-    get their zero points (8) written out."""
-    first = ws[0]
-    if any((w.shape[1], w.group_size, w.scale.dtype) != (first.shape[1], first.group_size, first.scale.dtype)
-           for w in ws):
-        return None
-    zero = None
-    if any(w.zero is not None for w in ws):
-        zero = torch.cat([w.zero if w.zero is not None else torch.full_like(w.scale, 8, dtype=torch.uint8)
-                          for w in ws])
-    return Int4Weight(torch.cat([w.packed for w in ws]), torch.cat([w.scale for w in ws]), zero, first.group_size)
+    return _stack_groups(ws, "packed", 8)
 
 
 def stack_int8(ws) -> Int8Weight | None:
-    """8-bit matrices as one where they share K, group size and scale dtype; symmetric ones among asymmetric ones
-    get their zero points (128) written out."""
+    return _stack_groups(ws, "codes", 128)
+
+
+def _stack_groups(ws, codes: str, mid: int):
+    """4- or 8-bit group-quantized matrices as one where they share K, group size and scale dtype; symmetric ones
+    among asymmetric ones get their zero points (``mid``: 8 or 128) written out."""
     first = ws[0]
     if any((w.shape[1], w.group_size, w.scale.dtype) != (first.shape[1], first.group_size, first.scale.dtype)
            for w in ws):
         return None
     zero = None
     if any(w.zero is not None for w in ws):
-        zero = torch.cat([w.zero if w.zero is not None else torch.full_like(w.scale, 128, dtype=torch.uint8)
+        zero = torch.cat([w.zero if w.zero is not None else torch.full_like(w.scale, mid, dtype=torch.uint8)
                           for w in ws])
-    return Int8Weight(torch.cat([w.codes for w in ws]), torch.cat([w.scale for w in ws]), zero, first.group_size)
+    return type(first)(torch.cat([getattr(w, codes) for w in ws]), torch.cat([w.scale for w in ws]), zero,
+                       first.group_size)
 
 
 def quantize_static(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:

@@ -63,17 +63,23 @@ def dequantize_int4(w_packed, w_scale, w_zero, group_size: int) -> torch.Tensor:
     return (codes - zero) * w_scale.to(dt).repeat_interleave(group_size, dim=1)[:, :k]
 
 
-def _int4_linear_ref(x, w_packed, w_scale, w_zero, group_size, bias):
-    if x.dim() != 2:
-        raise ValueError(f"int4_linear wants x [M, K], got {tuple(x.shape)}")
-    n, _ = check_int4(w_packed, w_scale, w_zero, group_size, x.shape[1])
-    if bias is not None and tuple(bias.shape) != (n,):
-        raise ValueError(f"bias must be [N={n}], got {tuple(bias.shape)}")
-    w = dequantize_int4(w_packed, w_scale, w_zero, group_size)
-    out = acc(x) @ w.t().to(acc(x).dtype)
-    if bias is not None:
-        out = out + acc(bias)
-    return out.to(x.dtype)
+def group_linear_reference(op: str, check, dequantize):
+    """The reference of a group-quantized weight-only linear (int4_linear, int8_linear): the weight dequantized by
+    ``dequantize`` and multiplied in fp32 (fp64 for the kit's oracle)."""
+    def reference(x, w, w_scale, w_zero, group_size, bias):
+        if x.dim() != 2:
+            raise ValueError(f"{op} wants x [M, K], got {tuple(x.shape)}")
+        n, _ = check(w, w_scale, w_zero, group_size, x.shape[1])
+        if bias is not None and tuple(bias.shape) != (n,):
+            raise ValueError(f"bias must be [N={n}], got {tuple(bias.shape)}")
+        out = acc(x) @ dequantize(w, w_scale, w_zero, group_size).t().to(acc(x).dtype)
+        if bias is not None:
+            out = out + acc(bias)
+        return out.to(x.dtype)
+    return reference
+
+
+_int4_linear_ref = group_linear_reference("int4_linear", check_int4, dequantize_int4)
 
 
 def _int4_linear_fake(x, w_packed, w_scale, w_zero, group_size, bias):
@@ -102,7 +108,7 @@ _CASES = [Case("tiny_sym", {"m": 3, "n": 24, "k": 64, "group": 32}),
           Case("prefill_80", {"m": 80, "n": 96, "k": 576, "group": 64, "zero": True, "bias": True})]
 
 
-def _draw(rng, budget):
+def draw_group_cases(rng, budget):
     def make(m, n, k):
         group = rng.choice((32, 64, 128, k))
         return {"m": m, "n": n, "k": k, "group": group, "zero": rng.random() < 0.5, "bias": rng.random() < 0.2}
@@ -115,7 +121,7 @@ int4_linear = OpDef(
     reference=_int4_linear_ref,
     fake=_int4_linear_fake,
     make_inputs=_int4_linear_inputs,
-    draw=_draw,
+    draw=draw_group_cases,
     cases=_CASES,
     # bf16 / fp16 cover kernels that round the dequantized weight to x's dtype before an fp32-accumulating dot
     tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(5e-2, 2e-2),

@@ -12,10 +12,8 @@ from __future__ import annotations
 import torch
 
 from .inputs import randint, randn, uniform
-from .int4 import check_groups
-from .precision import acc
+from .int4 import check_groups, draw_group_cases, group_linear_reference
 from .registry import Case, OpDef, Tolerance
-from .shapes import matmul_cases
 
 
 def check_int8(w_codes, w_scale, w_zero, group_size: int, k: int | None = None) -> tuple[int, int]:
@@ -38,17 +36,7 @@ def dequantize_int8(w_codes, w_scale, w_zero, group_size: int) -> torch.Tensor:
     return (w_codes.to(dt) - zero) * w_scale.to(dt).repeat_interleave(group_size, dim=1)[:, :k]
 
 
-def _int8_linear_ref(x, w_codes, w_scale, w_zero, group_size, bias):
-    if x.dim() != 2:
-        raise ValueError(f"int8_linear wants x [M, K], got {tuple(x.shape)}")
-    n, _ = check_int8(w_codes, w_scale, w_zero, group_size, x.shape[1])
-    if bias is not None and tuple(bias.shape) != (n,):
-        raise ValueError(f"bias must be [N={n}], got {tuple(bias.shape)}")
-    w = dequantize_int8(w_codes, w_scale, w_zero, group_size)
-    out = acc(x) @ w.t().to(acc(x).dtype)
-    if bias is not None:
-        out = out + acc(bias)
-    return out.to(x.dtype)
+_int8_linear_ref = group_linear_reference("int8_linear", check_int8, dequantize_int8)
 
 
 def _int8_linear_fake(x, w_codes, w_scale, w_zero, group_size, bias):
@@ -77,20 +65,13 @@ _CASES = [Case("tiny_sym", {"m": 3, "n": 24, "k": 64, "group": 32}),
           Case("prefill_80", {"m": 80, "n": 96, "k": 576, "group": 64, "zero": True, "bias": True})]
 
 
-def _draw(rng, budget):
-    def make(m, n, k):
-        group = rng.choice((32, 64, 128, k))
-        return {"m": m, "n": n, "k": k, "group": group, "zero": rng.random() < 0.5, "bias": rng.random() < 0.2}
-    return matmul_cases(rng, budget, make)
-
-
 int8_linear = OpDef(
     name="int8_linear",
     schema="(Tensor x, Tensor w_codes, Tensor w_scale, Tensor? w_zero, int group_size, Tensor? bias) -> Tensor",
     reference=_int8_linear_ref,
     fake=_int8_linear_fake,
     make_inputs=_int8_linear_inputs,
-    draw=_draw,
+    draw=draw_group_cases,  # the same regimes and group sizes as int4_linear's
     cases=_CASES,
     # bf16 / fp16 cover kernels that round the dequantized weight to x's dtype before an fp32-accumulating dot
     tolerances={torch.float32: Tolerance(1e-4, 1e-4), torch.bfloat16: Tolerance(5e-2, 2e-2),

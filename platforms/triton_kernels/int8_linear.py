@@ -20,9 +20,9 @@ import triton.language as tl
 
 from engine.core.ops.int8 import check_int8, int8_linear
 from engine.platforms.triton_kernels import interpreting, sm_count
+from engine.platforms.triton_kernels.group_quant import choose_kernel, group_supports, launch_operands
 from engine.platforms.triton_kernels.nvfp4 import split_plan, splitk_reduce
 
-X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PRIORITY = 10
 GEMV_MAX_M = 4
 # Rows of x up to which the GEMV is the default (it takes up to GEMV_MAX_M): H100, 2026-12-08 (benchmarks/gpu/int8.py):
@@ -174,24 +174,14 @@ def int8_linear_triton(x, w_codes, w_scale, w_zero, group_size, bias=None, *, ke
                        config: dict | None = None):
     """int8_linear: out [M, N] = x @ dequant(w)^T (+ bias) in x.dtype. ``kernel`` ("gemv" or "dot") and ``config``
     (block sizes, warps, stages, splits) override the heuristics for the benchmark's sweep."""
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    m, k = x.shape
-    n = w_codes.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    x, out, zero, bias, bias_arg = launch_operands(x, w_codes, w_scale, w_zero, bias)
+    (m, k), n = x.shape, out.shape[1]
     if m == 0 or n == 0:
         return out
     has_zero, has_bias = w_zero is not None, bias is not None
-    if has_bias and bias.stride(-1) != 1:
-        bias = bias.contiguous()  # the kernels read it densely
-    zero = w_zero if has_zero else w_codes  # any pointer; not read
-    bias_arg = bias if has_bias else w_scale
     cfg = dict(config or {})
     sms = cfg.get("sms", sm_count(x.device, INTERPRETER_SMS))
-    kernel = kernel or ("gemv" if m <= GEMV_DEFAULT_MAX_M else "dot")
-    if kernel == "gemv":
-        if m > GEMV_MAX_M:
-            raise ValueError(f"the GEMV kernel takes at most {GEMV_MAX_M} rows of x, got {m}")
+    if choose_kernel(kernel, m, GEMV_DEFAULT_MAX_M, GEMV_MAX_M) == "gemv":
         gc = gemv_config(m)
         gc.update(cfg)
         programs = triton.cdiv(n, gc["block_n"])
@@ -219,25 +209,7 @@ def int8_linear_triton(x, w_codes, w_scale, w_zero, group_size, bias=None, *, ke
 
 
 def supports_for(device_type: str):
-    def supports(x, w_codes, w_scale, w_zero, group_size, bias):
-        tensors = [t for t in (x, w_codes, w_scale, w_zero, bias) if t is not None]
-        if not all(isinstance(t, torch.Tensor) for t in tensors):
-            return "x, w_codes, w_scale (and w_zero, bias where given) must be tensors"
-        if x.device.type != device_type or any(t.device != x.device for t in tensors):
-            return f"all tensors must be on one {device_type} device"
-        if x.dtype not in X_DTYPES or x.dim() != 2:
-            return f"x must be a 2-D fp32, bf16 or fp16 tensor, got {x.dtype} {tuple(x.shape)}"
-        try:
-            n, _ = check_int8(w_codes, w_scale, w_zero, group_size, x.shape[1])
-        except (TypeError, ValueError) as exc:
-            return str(exc)
-        if not all(t.stride(-1) == 1 for t in (w_codes, w_scale) + ((w_zero,) if w_zero is not None else ())):
-            return "w_codes, w_scale and w_zero must have unit stride along K"
-        if bias is not None and (tuple(bias.shape) != (n,) or not bias.is_floating_point()):
-            return f"bias must be None or a floating [N={n}] tensor"
-        return True
-
-    return supports
+    return group_supports(device_type, check_int8, "w_codes")
 
 
 def register(registry, device_type: str, capability=None) -> None:
