@@ -61,6 +61,7 @@ DOT_PROGRAMS_PER_SM = 4
 # BLOCK 128 x 64 x 16 words, counted offline 2026-12-08)
 DOT_ASM = True
 DOT_PLANES = True
+DOT_WIDEN = True  # see _dot_kernel's WIDEN
 INTERPRETER_SMS = 4  # a small fake SM count under the interpreter, so the split-K paths run in CI
 
 
@@ -225,7 +226,8 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, K
                 stride_zn, stride_om, words_per_split, WPG: tl.constexpr, HAS_ZERO: tl.constexpr,
                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, ASM: tl.constexpr = False,
-                ONE_GROUP: tl.constexpr = False, PLANES: tl.constexpr = False, AHEAD: tl.constexpr = False):
+                ONE_GROUP: tl.constexpr = False, PLANES: tl.constexpr = False, AHEAD: tl.constexpr = False,
+                WIDEN: tl.constexpr = False):
     """Tensor cores, swap AB: out^T [BLOCK_N, BLOCK_M] += W [BLOCK_N, 8 BLOCK_T] @ x^T over int32 words (8 codes
     each) [N, KW]; WPG is words per group. Program (pid_n, pid_m, pid_k) covers words pid_k * words_per_split ..;
     with SPLIT, fp32 partials go to part_ptr [splits, M, N]. ASM (16-bit x; never under the interpreter): the words
@@ -233,6 +235,8 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, K
     ONE_GROUP: every K step lies in one group (WPG a multiple of BLOCK_T, and splits on step boundaries), so the
     scale and zero are loaded once per row and step ([BLOCK_N, 1]) instead of once per word; AHEAD: a step ahead
     (the loads' latency hidden, at the cost of a layout conversion through shared memory a step: 4 more barriers).
+    WIDEN (PLANES, several whole groups a step): one scale / zero load per group, widened along the words (a per-word
+    tile went through shared memory each step: 9 barriers against 2 at M = 16, groups of 32).
     PLANES: x comes permuted by :func:`plane_order` and every split is whole steps (no K mask): a step is four dots,
     each on two nibble planes joined along K (as the PTX decode leaves them in one register); otherwise the eight
     planes are interleaved back into K order for one dot against x as it is (layout conversions through shared
@@ -270,7 +274,7 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, K
             # the last step loads its own group again (in bounds) rather than masking a scalar condition
             s_next, c_next = _group_params(s_rows, z_rows, tl.minimum(k0w + BLOCK_T, t_end - 1) // WPG,
                                            rmask[:, None], HAS_ZERO)
-        elif PLANES and BLOCK_T % WPG == 0:  # whole groups in a step: one load per group, widened along the words
+        elif WIDEN:  # whole groups in a step: one load per group, widened along the words
             GPS: tl.constexpr = BLOCK_T // WPG
             s, c = _group_params(s_rows, z_rows, (k0w // WPG + tl.arange(0, GPS))[None, :], rmask[:, None], HAS_ZERO)
             s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, GPS, WPG]), [BLOCK_N, BLOCK_T])
@@ -400,6 +404,7 @@ def int4_linear_triton(x, w_packed, w_scale, w_zero, group_size, bias=None, *, k
         BLOCK_T=dc["block_t"], ASM=bool(dc.get("asm", DOT_ASM)) and x.element_size() == 2 and ptx_sm90(x.device),
         ONE_GROUP=(group_size // 8) % dc["block_t"] == 0 and per_split % dc["block_t"] == 0, PLANES=planes,
         AHEAD=bool(dc.get("ahead", False)),
+        WIDEN=planes and dc["block_t"] % (group_size // 8) == 0 and bool(dc.get("widen", DOT_WIDEN)),
         num_warps=dc["num_warps"], num_stages=dc["num_stages"])
     return splitk_reduce(part, bias, out) if splits > 1 else out
 

@@ -165,12 +165,13 @@ def test_plane_order_puts_nibble_pairs_together(seed):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("zero", [False, True])
-@pytest.mark.parametrize("planes,ahead", [(True, False), (True, True), (False, False), (False, True)])
-def test_dot_plane_pairs_and_k_order(planes, ahead, zero, dtype, seed):
+@pytest.mark.parametrize("planes,ahead,widen", [(True, False, True), (True, False, False), (True, True, True),
+                                                (False, False, True), (False, True, True)])
+def test_dot_plane_pairs_and_k_order(planes, ahead, widen, zero, dtype, seed):
     """The tensor-core step both ways (four dots on plane pairs against x in plane_order, or the planes put back in K
-    order), with and without the scales loaded a step ahead; K of whole steps, split K, and a K that is not whole
-    steps (always K order)."""
-    cfg = {"planes": planes, "ahead": ahead, "block_t": 16}
+    order), with and without the scales loaded a step ahead, groups of 32 / 64 with one scale load a group widened
+    or a per-word tile; K of whole steps, split K, and a K that is not whole steps (always K order)."""
+    cfg = {"planes": planes, "ahead": ahead, "widen": widen, "block_t": 16}
     for m, k, group, splits in ((20, 1024, 128, 1), (20, 1024, 128, 2), (7, 384, 64, 1), (33, 320, 32, 1),
                                 (18, 512, 32, 1), (5, 1024, 64, 2)):  # groups of 32 / 64: several a step
         args = list(_inputs(m, 48, k, group, dtype, seed, zero=zero, bias=True))
