@@ -36,9 +36,10 @@ def _kind(w) -> str:
         return (f"INT4 groups of {w.group_size}, {str(w.scale.dtype).removeprefix('torch.')} scales, {zero} "
                 "(int4_linear; GGUF Q4 blocks where the platform has no int4_linear kernel)")
     if isinstance(w, Int8Weight):
-        zero = "zero points" if w.zero is not None else "symmetric"
+        zero, elsewhere = ("zero points", "expanded to the activation dtype") if w.zero is not None else (
+            "symmetric", "GGUF Q8_0 blocks")
         return (f"INT8 groups of {w.group_size}, {str(w.scale.dtype).removeprefix('torch.')} scales, {zero} "
-                "(int8_linear; GGUF Q8_0 blocks where the platform has no int8_linear kernel)")
+                f"(int8_linear; {elsewhere} where the platform has no int8_linear kernel)")
     return f"{str(w.dtype).removeprefix('torch.')} (unquantized)"
 
 
