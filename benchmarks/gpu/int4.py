@@ -121,12 +121,14 @@ def run(sweep: bool | None = None, device: str = "cuda", tiny: bool = False) -> 
                               for w in q40_int4])
             g_us = _rotating([functools.partial(gmod.linear, x, r, Q4_0, k) for r in q40])
             rows_q40 = [("gguf_q4_0 as int4_w4a16 groups of 32 (the engine's Q4_0 path now)", a_us)]
-            if m > imod.GEMV_DEFAULT_MAX_M:  # the per-word scale tile the widened one replaced
-                _check(f"gguf q4_0 as int4, per-word scales M={m} {shape_w}", imod.int4_linear_triton(
-                    x, q40_int4[0].packed, q40_int4[0].scale, None, 32, None, config={"widen": False}), q40_ref, 2e-2)
-                rows_q40.append(("gguf_q4_0 as int4_w4a16[dot {\"widen\": false}] (not the default)", _rotating(
-                    [functools.partial(imod.int4_linear_triton, x, w.packed, w.scale, None, 32, None,
-                                       config={"widen": False}) for w in q40_int4])))
+            if m > imod.GEMV_DEFAULT_MAX_M:  # tensor cores with one scale load a group, widened (DOT_WIDEN)
+                widen = {"widen": True}
+                _check(f"gguf q4_0 as int4, widened scales M={m} {shape_w}", imod.int4_linear_triton(
+                    x, q40_int4[0].packed, q40_int4[0].scale, None, 32, None, kernel="dot", config=widen), q40_ref,
+                    2e-2)
+                rows_q40.append(("gguf_q4_0 as int4_w4a16[dot {\"widen\": true}] (not the default)", _rotating(
+                    [functools.partial(imod.int4_linear_triton, x, w.packed, w.scale, None, 32, None, kernel="dot",
+                                       config=widen) for w in q40_int4])))
             for name, t_us in (*rows_q40,
                                ("gguf_q4_0 (the GGUF kernel: Q4_0 ran as this before)", g_us)):
                 rows.append(_row(name, f"M={m} {shape_w}", t_us, q40_bytes, "cuBLAS bf16 F.linear", peer_us, "info",

@@ -40,6 +40,9 @@ GEMV_MAX_M = 4
 # 8B shapes, groups of 128 with zeros): at M = 4 the tensor-core kernel took 28.5-44.0 us against the GEMV's 16.7-61.4
 # (1.62-1.94x cuBLAS bf16 against 1.39-1.44x); at M = 1 the GEMV 2.42-2.71x against 1.61-1.98x; M = 2 about even
 GEMV_DEFAULT_MAX_M = 2
+# ... for groups of 32 / 64 (GGUF Q4_0), whose tensor-core steps read a per-word scale tile (WIDEN off): the GEMV up to
+# 4 rows (M = 4: 1.39-1.49x cuBLAS bf16; the tensor-core kernel at M = 16 0.57-0.86x, H100 2026-12-08)
+GEMV_DEFAULT_MAX_M_SMALL_GROUPS = 4
 GEMV_BLOCK_N = 4  # rows of W per GEMV program (M = 1), units per loop step, warps: the NVFP4 GEMV's tile
 GEMV_BLOCK_B = 128
 GEMV_WARPS = 4
@@ -61,7 +64,11 @@ DOT_PROGRAMS_PER_SM = 4
 # BLOCK 128 x 64 x 16 words, counted offline 2026-12-08)
 DOT_ASM = True
 DOT_PLANES = True
-DOT_WIDEN = True  # see _dot_kernel's WIDEN
+# See _dot_kernel's WIDEN: correct under the interpreter and 9 -> 2 barriers a step in sm_90 SASS compiled here, but
+# not yet run on a GPU (no device time was left, 2026-12-08), and Triton 3.6 (the GPU image's) once miscompiled a
+# similar widening (nvfp4's SBLK with plane-wise dots): off until a GPU run checks and times it (benchmarks/gpu/int4.py
+# has the row)
+DOT_WIDEN = False
 INTERPRETER_SMS = 4  # a small fake SM count under the interpreter, so the split-K paths run in CI
 
 
@@ -319,6 +326,13 @@ def _dot_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, out_ptr, part_ptr, M, N, K
                  mask=omask)
 
 
+def default_gemv_max_m(group_size: int, k: int, dtype: torch.dtype) -> int:
+    """Rows of x up to which the GEMV runs by default: GEMV_DEFAULT_MAX_M where each tensor-core step lies in one
+    group (or DOT_WIDEN serves several), else GEMV_DEFAULT_MAX_M_SMALL_GROUPS."""
+    one_group_steps = group_size >= k or group_size % (8 * dot_config(GEMV_MAX_M + 1, dtype)["block_t"]) == 0
+    return GEMV_DEFAULT_MAX_M if one_group_steps or DOT_WIDEN else GEMV_DEFAULT_MAX_M_SMALL_GROUPS
+
+
 def gemv_config(n: int, m: int, sms: int) -> tuple[int, int, int, int]:
     """(block_n, block_b, num_warps, programs_per_sm) of the GEMV for N rows of W and M rows of x."""
     if m > 1:
@@ -365,7 +379,7 @@ def int4_linear_triton(x, w_packed, w_scale, w_zero, group_size, bias=None, *, k
     has_zero, has_bias = w_zero is not None, bias is not None
     cfg = dict(config or {})
     sms = cfg.get("sms", sm_count(x.device, INTERPRETER_SMS))
-    if choose_kernel(kernel, m, GEMV_DEFAULT_MAX_M, GEMV_MAX_M) == "gemv":
+    if choose_kernel(kernel, m, default_gemv_max_m(group_size, k, x.dtype), GEMV_MAX_M) == "gemv":
         words = _aligned(w_packed, 8).view(torch.int64)  # [N, K/16]: rows are K/2 bytes, K % 32 == 0
         nb = k // UNIT
         block_n, block_b, warps, per_sm = gemv_config(n, m, sms)

@@ -179,3 +179,14 @@ def test_dot_plane_pairs_and_k_order(planes, ahead, widen, zero, dtype, seed):
             codes = torch.arange(48 * k, device=DEVICE).remainder(16).reshape(48, k).to(torch.uint8)
             args[1] = codes[:, 0::2] | (codes[:, 1::2] << 4)
         _check(tuple(args), dtype, kernel="dot", config={**cfg, "splits": splits})
+
+
+def test_default_gemv_rows_follow_the_group_size(monkeypatch):
+    """The GEMV is the default up to 2 rows where tensor-core steps lie in one group (groups of 128+, a whole row),
+    up to 4 for groups of 32 / 64 while their widened scale loads are off."""
+    bf16 = torch.bfloat16
+    assert kmod.default_gemv_max_m(128, 4096, bf16) == kmod.default_gemv_max_m(4096, 4096, bf16) == 2
+    monkeypatch.setattr(kmod, "DOT_WIDEN", False)
+    assert kmod.default_gemv_max_m(32, 4096, bf16) == kmod.default_gemv_max_m(64, 4096, bf16) == 4
+    monkeypatch.setattr(kmod, "DOT_WIDEN", True)
+    assert kmod.default_gemv_max_m(32, 4096, bf16) == 2
