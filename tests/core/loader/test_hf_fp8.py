@@ -168,7 +168,7 @@ def test_what_is_not_supported_is_named(tmp_path, checkpoint):
                         (_ct("channel", {"strategy": "token", "dynamic": True}) | {"format": "marlin-24"},
                          "'marlin-24' is not supported yet"),
                         (_ct("channel", {"strategy": "token", "dynamic": True}) | {"format": "pack-quantized"},
-                         "only W4A16 is read")):
+                         "only weight-only integer groups are read")):
         (path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
         with pytest.raises(ModelLoadError, match=message):
             LLM(str(path), num_kv_blocks=8)
