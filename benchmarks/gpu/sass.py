@@ -68,6 +68,15 @@ KERNELS = {
                                  "bias_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32"},
         dict(HAS_BIAS=False, SPLIT=False, INTERPRET=False, BLOCK_M=64, BLOCK_N=128, BLOCK_T=16, KORDER=False,
              ASM=True, SBLK=False, PAIRS=True), 8, 3),
+    "GGUF Q8_0 GEMV M=1": (
+        "gguf_linear", "_gemv_kernel", {"x_ptr": "*bf16", "w_ptr": "*i16", "out_ptr": "*bf16", "part_ptr": "*fp32"},
+        dict(QTYPE=8, BLOCK_WORDS=17, SPLIT=False, BLOCK_M=1, BLOCK_N=2, BLOCK_B=64), 4, 2),
+    "GGUF Q4_1 GEMV M=1": (
+        "gguf_linear", "_gemv_kernel", {"x_ptr": "*bf16", "w_ptr": "*i16", "out_ptr": "*bf16", "part_ptr": "*fp32"},
+        dict(QTYPE=3, BLOCK_WORDS=10, SPLIT=False, BLOCK_M=1, BLOCK_N=2, BLOCK_B=64), 4, 2),
+    "GGUF Q4_K tensor cores M <= 16": (
+        "gguf_kquant", "_linear_kernel", {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16"},
+        dict(QTYPE=12, BYTES=144, INTERPRET=False, BLOCK_M=16, BLOCK_N=32), 4, 2),
 }
 
 
