@@ -5,7 +5,7 @@ bf16 model's decode step time over the format's, measured in the same run.
 
 Goals (on the H200): FP8 >= 1.6x bf16 at 1 request and >= 1.3x at 64; NVFP4 >= 2.5x and INT4 >= 2.5x at 1 request.
 
-    python benchmarks/gpu/quant_models.py [--formats bf16,fp8,nvfp4,gptq] [--out DIR]
+    python benchmarks/gpu/quant_models.py [--formats bf16,fp8,nvfp4,gptq,gptq8] [--out DIR]
 
 Checkpoints are written under /dev/shm where it has room (the machine's memory), else the temp directory, one at a
 time, and removed after their rows. Rows are appended to DIR/quant_models.jsonl as they come (a run stopped by a
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.bench_gpu import _empty_cache as empty_cache  # noqa: E402
 from benchmarks.bench_gpu import emit_row, engine_generate, script_main
 
-FORMATS = ("bf16", "fp8", "nvfp4", "gptq")
+FORMATS = ("bf16", "fp8", "nvfp4", "gptq", "gptq8")
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 STACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # calibrated together, as ModelOpt exports
 GOALS = {("fp8", 1): 1.6, ("fp8", 64): 1.3, ("nvfp4", 1): 2.5, ("gptq", 1): 2.5}
@@ -55,21 +55,24 @@ def nvfp4(w: torch.Tensor, amax: torch.Tensor) -> dict:
             "weight_scale_2": scale_2.reshape(()), "input_scale": torch.tensor(1.0, device=w.device)}
 
 
-def _pack8(v: torch.Tensor) -> torch.Tensor:
-    """[..., C*8] values 0..15 -> int32 [..., C], nibble j holding element j of each group of 8."""
-    groups = v.to(torch.int64).reshape(*v.shape[:-1], -1, 8)
-    word = sum(groups[..., j] << (4 * j) for j in range(8))
+def _pack8(v: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """[..., C * 32 / bits] values -> int32 [..., C], field j (low bits first) holding element j of each word."""
+    per = 32 // bits
+    groups = v.to(torch.int64).reshape(*v.shape[:-1], -1, per)
+    word = sum(groups[..., j] << (bits * j) for j in range(per))
     return (word - (word >= 2**31) * 2**32).to(torch.int32)
 
 
-def gptq_sym(w: torch.Tensor, group: int = 128) -> dict:
-    """GPTQ v1, symmetric: qweight [K/8, N] packed along k, qzeros [G, N/8] holding zero - 1 = 7, fp16 scales."""
+def gptq_sym(w: torch.Tensor, group: int = 128, bits: int = 4) -> dict:
+    """GPTQ v1, symmetric, 4- or 8-bit: qweight [K / (32 / bits), N] packed along k, qzeros [G, N / (32 / bits)]
+    holding zero - 1, fp16 scales."""
     n, k = w.shape
+    per, mid = 32 // bits, 1 << (bits - 1)
     parts = w.float().reshape(n, k // group, group)
-    s = (parts.abs().amax(-1) / 7.5).clamp(min=1e-6).half()  # [N, G]
-    q = torch.round(parts / s.float()[..., None] + 8).clamp(0, 15).reshape(n, k)
-    return {"qweight": _pack8(q.t().reshape(k // 8, 8, n).transpose(1, 2).reshape(k // 8, n * 8)),
-            "qzeros": _pack8(torch.full((k // group, n), 7, device=w.device)),
+    s = (parts.abs().amax(-1) / (mid - 0.5)).clamp(min=1e-6).half()  # [N, G]
+    q = torch.round(parts / s.float()[..., None] + mid).clamp(0, 2 * mid - 1).reshape(n, k)
+    return {"qweight": _pack8(q.t().reshape(k // per, per, n).transpose(1, 2).reshape(k // per, n * per), bits),
+            "qzeros": _pack8(torch.full((k // group, n), mid - 1, device=w.device), bits),
             "scales": s.t().contiguous(), "g_idx": (torch.arange(k, device=w.device) // group).to(torch.int32)}
 
 
@@ -83,8 +86,8 @@ def quantization_config(fmt: str) -> dict:
     if fmt == "nvfp4":
         return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
                 "exclude_modules": ["lm_head"]}
-    return {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False,
-            "checkpoint_format": "gptq"}
+    return {"quant_method": "gptq", "bits": 8 if fmt == "gptq8" else 4, "group_size": 128, "sym": True,
+            "desc_act": False, "checkpoint_format": "gptq"}
 
 
 def write_format(base: Path, out: Path, fmt: str, device: str) -> None:
@@ -101,8 +104,8 @@ def write_format(base: Path, out: Path, fmt: str, device: str) -> None:
             prefix = name.removesuffix("weight")
             if fmt == "fp8":
                 q = fp8_channel(w)
-            elif fmt == "gptq":
-                q = gptq_sym(w)
+            elif fmt in ("gptq", "gptq8"):
+                q = gptq_sym(w, bits=8 if fmt == "gptq8" else 4)
             else:
                 group = next((g for g in STACKED if parts[-2] in g), (parts[-2],))
                 amax = max(f.get_tensor(name.replace(parts[-2], g)).float().abs().max() for g in group)

@@ -203,13 +203,17 @@ def test_quant_models_tiny(tmp_path):
     than the one before it, decodes, and its rows (with the ratio to bf16) are appended to the results file."""
     rows = _module("quant_models").run(tiny=True, out=tmp_path)
     by = {(r["bench"].split()[-1], r["shape"].split()[0]): r for r in rows}
-    assert set(by) == {(f, b) for f in ("bf16", "fp8", "nvfp4", "gptq") for b in ("1", "2")}, sorted(by)
-    kept = {f: by[f, "1"]["weights"] for f in ("bf16", "fp8", "nvfp4", "gptq")}
-    # GPTQ stays 4-bit: as it is where the platform has an int4_linear kernel (the GPUs), as GGUF Q4 blocks on the CPU
-    gptq = "Int4Weight" if torch.cuda.is_available() else "QuantizedWeight"
-    assert kept == {"bf16": "Tensor", "fp8": "Fp8Weight", "nvfp4": "Nvfp4Weight", "gptq": gptq}, kept
+    formats = ("bf16", "fp8", "nvfp4", "gptq", "gptq8")
+    assert set(by) == {(f, b) for f in formats for b in ("1", "2")}, sorted(by)
+    kept = {f: by[f, "1"]["weights"] for f in formats}
+    # GPTQ stays 4- / 8-bit: as it is where the platform has the int4_linear / int8_linear kernel (the GPUs), as GGUF
+    # Q4_0 / Q8_0 blocks on the CPU
+    gpu = torch.cuda.is_available()
+    assert kept == {"bf16": "Tensor", "fp8": "Fp8Weight", "nvfp4": "Nvfp4Weight",
+                    "gptq": "Int4Weight" if gpu else "QuantizedWeight",
+                    "gptq8": "Int8Weight" if gpu else "QuantizedWeight"}, kept
     size = {f: by[f, "1"]["checkpoint_bytes"] for f in kept}
-    assert size["bf16"] > size["fp8"] > size["nvfp4"] > 0 and size["fp8"] > size["gptq"] > 0, size
+    assert size["bf16"] > size["gptq8"] > size["nvfp4"] > 0 and size["fp8"] > size["gptq"] > 0, size
     assert all(r["tok_s"] > 0 and r["vs_bf16"] > 0 for r in rows), rows
     assert len((tmp_path / "quant_models.jsonl").read_text().splitlines()) == len(rows)
 
