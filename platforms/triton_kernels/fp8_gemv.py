@@ -133,13 +133,8 @@ def fp8_gemv_linear(x_q, x_scale, w_q, w_scale, bias, out_dtype, config: dict | 
     block_k = min(block_k, triton.next_power_of_2(triton.cdiv(k, SCALE_BLOCK)) * SCALE_BLOCK)
     programs = triton.cdiv(n, cfg["block_n"])
     steps = triton.cdiv(k, block_k)
-    if "splits" in cfg:
-        want = max(1, min(int(cfg["splits"]), steps))
-        per_split = triton.cdiv(steps, want) * block_k
-        splits = triton.cdiv(k, per_split)
-    else:
-        splits, per_split = split_plan(programs, steps, block_k, sm_count(x_q.device, INTERPRETER_SMS),
-                                       PROGRAMS_PER_SM)
+    splits, per_split = split_plan(programs, steps, block_k, sm_count(x_q.device, INTERPRETER_SMS), PROGRAMS_PER_SM,
+                                   cfg.get("splits"))
     xs2 = x_scale.reshape(1, 1) if xl == TENSOR else x_scale
     ws2 = w_scale.reshape(1, 1) if wl == TENSOR else w_scale
     if x_q.stride(1) != 1:

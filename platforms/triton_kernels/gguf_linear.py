@@ -360,12 +360,8 @@ def linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, cols: int, *, kernel:
     dc.update(cfg)
     programs = triton.cdiv(n, dc["block_n"]) * triton.cdiv(m, dc["block_m"])
     steps = triton.cdiv(nb, dc["block_b"])
-    if "splits" in dc:
-        per_split = triton.cdiv(steps, max(1, min(int(dc["splits"]), steps))) * dc["block_b"]
-        splits = triton.cdiv(nb, per_split)
-    else:
-        splits, per_split = nvfp4_split_plan(programs, steps, dc["block_b"], dc.get(
-            "sms", sm_count(x.device, INTERPRETER_SMS)), DOT_PROGRAMS_PER_SM)
+    splits, per_split = nvfp4_split_plan(programs, steps, dc["block_b"], dc.get(
+        "sms", sm_count(x.device, INTERPRETER_SMS)), DOT_PROGRAMS_PER_SM, dc.get("splits"))
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     _dot_kernel[(triton.cdiv(n, dc["block_n"]), triton.cdiv(m, dc["block_m"]), splits)](
         x2, raw, out, part, m, n, nb, x2.stride(0), raw.stride(0), out.stride(0), per_split, QTYPE=qtype,

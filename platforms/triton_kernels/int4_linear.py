@@ -402,11 +402,8 @@ def int4_linear_triton(x, w_packed, w_scale, w_zero, group_size, bias=None, *, k
     dc = dot_config(m, x.dtype)
     dc.update(cfg)
     programs = triton.cdiv(n, dc["block_n"]) * triton.cdiv(m, dc["block_m"])
-    splits, per_split = split_plan(programs, triton.cdiv(kw, dc["block_t"]), dc["block_t"], sms, DOT_PROGRAMS_PER_SM)
-    if "splits" in cfg:
-        steps = triton.cdiv(kw, dc["block_t"])
-        per_split = triton.cdiv(steps, max(1, min(cfg["splits"], steps))) * dc["block_t"]
-        splits = triton.cdiv(kw, per_split)
+    splits, per_split = split_plan(programs, triton.cdiv(kw, dc["block_t"]), dc["block_t"], sms, DOT_PROGRAMS_PER_SM,
+                                   cfg.get("splits"))
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     planes = bool(dc.get("planes", DOT_PLANES)) and kw % per_split == 0 and per_split % dc["block_t"] == 0
     if planes:

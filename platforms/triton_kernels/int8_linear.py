@@ -161,15 +161,6 @@ def dot_config(m: int, k: int, group_size: int, dtype: torch.dtype) -> dict:
     return dict(block_m=block_m, block_n=128, block_k=block_k, num_warps=8 if block_m >= 64 else 4, num_stages=4)
 
 
-def _splits(programs: int, k: int, step: int, sms: int, per_sm: int, want: int | None) -> tuple[int, int]:
-    """(splits, K per split, a multiple of ``step``): K is split while the programs leave SMs idle."""
-    if want is None:
-        return split_plan(programs, triton.cdiv(k, step), step, sms, per_sm)
-    steps = triton.cdiv(k, step)
-    per_split = triton.cdiv(steps, max(1, min(want, steps))) * step
-    return triton.cdiv(k, per_split), per_split
-
-
 def int8_linear_triton(x, w_codes, w_scale, w_zero, group_size, bias=None, *, kernel: str | None = None,
                        config: dict | None = None):
     """int8_linear: out [M, N] = x @ dequant(w)^T (+ bias) in x.dtype. ``kernel`` ("gemv" or "dot") and ``config``
@@ -185,7 +176,8 @@ def int8_linear_triton(x, w_codes, w_scale, w_zero, group_size, bias=None, *, ke
         gc = gemv_config(m)
         gc.update(cfg)
         programs = triton.cdiv(n, gc["block_n"])
-        splits, per_split = _splits(programs, k, gc["block_k"], sms, PROGRAMS_PER_SM, cfg.get("splits"))
+        splits, per_split = split_plan(programs, triton.cdiv(k, gc["block_k"]), gc["block_k"], sms, PROGRAMS_PER_SM,
+                                       cfg.get("splits"))
         part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
         _gemv_kernel[(programs, splits)](
             x, w_codes, w_scale, zero, bias_arg, out, part, m, n, k, per_split, x.stride(0), w_codes.stride(0),
@@ -198,7 +190,8 @@ def int8_linear_triton(x, w_codes, w_scale, w_zero, group_size, bias=None, *, ke
     if group_size < k and group_size % dc["block_k"]:
         raise ValueError(f"block_k {dc['block_k']} must divide the group size {group_size}")
     programs = triton.cdiv(n, dc["block_n"]) * triton.cdiv(m, dc["block_m"])
-    splits, per_split = _splits(programs, k, dc["block_k"], sms, DOT_PROGRAMS_PER_SM, cfg.get("splits"))
+    splits, per_split = split_plan(programs, triton.cdiv(k, dc["block_k"]), dc["block_k"], sms, DOT_PROGRAMS_PER_SM,
+                                   cfg.get("splits"))
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     _dot_kernel[(triton.cdiv(n, dc["block_n"]), triton.cdiv(m, dc["block_m"]), splits)](
         x, w_codes, w_scale, zero, bias_arg, out, part, m, n, k, per_split, x.stride(0), w_codes.stride(0),

@@ -678,10 +678,13 @@ def gemv_config(n: int, m: int, sms: int) -> tuple[int, int, int, int]:
     return block_n, GEMV_BLOCK_B, GEMV_WARPS, GEMV_PROGRAMS_PER_SM
 
 
-def split_plan(programs: int, steps: int, step: int, sms: int, per_sm: int) -> tuple[int, int]:
+def split_plan(programs: int, steps: int, step: int, sms: int, per_sm: int,
+               splits: int | None = None) -> tuple[int, int]:
     """(splits, units_per_split) cutting ``steps`` K steps of ``step`` units each so that ``programs`` x splits
-    reaches ``per_sm`` x ``sms`` (never an empty split); shapes only, so it is capture-safe."""
-    want = max(1, min(triton.cdiv(per_sm * sms, programs), steps))
+    reaches ``per_sm`` x ``sms`` (never an empty split); ``splits`` asks for that many instead (the benchmarks'
+    sweeps; at most one a step). Shapes only, so it is capture-safe."""
+    want = triton.cdiv(per_sm * sms, programs) if splits is None else int(splits)
+    want = max(1, min(want, steps))
     per_split = triton.cdiv(steps, want) * step
     return triton.cdiv(steps * step, per_split), per_split
 
@@ -763,11 +766,8 @@ def w4a16_linear(x, w_packed, w_block_scale, w_global_scale, bias=None, *, kerne
     kw = k // 8
     programs = triton.cdiv(n, dc["block_n"]) * triton.cdiv(m, dc["block_m"])
     splits, per_split = split_plan(programs, triton.cdiv(kw, dc["block_t"]), dc["block_t"],
-                                   cfg.get("sms", sm_count(x.device, INTERPRETER_SMS)), DOT_PROGRAMS_PER_SM)
-    if "splits" in cfg:
-        steps = triton.cdiv(kw, dc["block_t"])
-        per_split = triton.cdiv(steps, max(1, min(cfg["splits"], steps))) * dc["block_t"]
-        splits = triton.cdiv(kw, per_split)
+                                   cfg.get("sms", sm_count(x.device, INTERPRETER_SMS)), DOT_PROGRAMS_PER_SM,
+                                   cfg.get("splits"))
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     pairs = bool(dc.get("pairs")) and kw % per_split == 0 and per_split % dc["block_t"] == 0
     if pairs:
